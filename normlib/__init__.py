@@ -1,0 +1,28 @@
+"""normlib: normalization layers for PyTorch, written to be read.
+
+Reference modules with torch.nn's arguments and state_dict names, their math in
+:mod:`normlib.functional`, and a fused Triton path in :mod:`normlib.ops`.
+Importing normlib needs neither a GPU nor Triton, and has no side effects.
+"""
+
+from . import functional
+from .attention import MultiHeadAttention
+from .batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
+from .normalization import GroupNorm, LayerNorm, RMSNorm
+from .transformer import TransformerBlock
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "functional",
+    "LayerNorm",
+    "RMSNorm",
+    "GroupNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "MultiHeadAttention",
+    "TransformerBlock",
+]

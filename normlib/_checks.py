@@ -1,0 +1,107 @@
+"""Argument checks shared by the functional ops and the modules.
+
+Every check raises a ``TypeError`` or ``ValueError`` whose message names the
+argument, what was expected and what came, so that a bad call fails at the
+call site instead of deep inside a kernel with a confusing message.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence, Union
+
+import torch
+
+_shape_t = Union[int, Sequence[int], torch.Size]
+
+
+def check_float_tensor(x: object, name: str = "input") -> torch.Tensor:
+    """``x`` must be a real floating-point tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (got {type(x).__name__})")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor (float16, bfloat16, float32 "
+            f"or float64), got dtype {x.dtype}; convert it first, e.g. {name}.float()"
+        )
+    return x
+
+
+def check_eps(eps: object, name: str = "eps") -> float:
+    """``eps`` must be a finite, non-negative real number."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{name} must be a real number (got {type(eps).__name__})")
+    eps = float(eps)
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{name} must be a finite number >= 0 (got {eps})")
+    return eps
+
+
+def check_momentum(momentum: object, allow_none: bool = True) -> float | None:
+    """``momentum`` must lie in [0, 1] (or be ``None`` for a cumulative average)."""
+    if momentum is None:
+        if allow_none:
+            return None
+        raise TypeError("momentum must be a number in [0, 1] (got None)")
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
+        raise TypeError(f"momentum must be a number in [0, 1] or None (got {type(momentum).__name__})")
+    if not 0.0 <= float(momentum) <= 1.0:
+        raise ValueError(f"momentum must be in [0, 1] (got {momentum})")
+    return float(momentum)
+
+
+def check_positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int (got {type(value).__name__} {value!r})")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int (got {value})")
+    return int(value)
+
+
+def normalize_shape(normalized_shape: _shape_t) -> tuple[int, ...]:
+    """Turn an int or a sequence of ints into a tuple, rejecting anything else."""
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
+        shape: tuple = (int(normalized_shape),)
+    else:
+        try:
+            shape = tuple(normalized_shape)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"normalized_shape must be an int or a sequence of ints "
+                f"(got {type(normalized_shape).__name__})"
+            ) from None
+    if len(shape) == 0:
+        raise ValueError("normalized_shape must have at least one dimension (got ())")
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0:
+            raise ValueError(f"normalized_shape must hold non-negative ints (got {shape})")
+    return tuple(int(s) for s in shape)
+
+
+def check_trailing_shape(x: torch.Tensor, shape: tuple[int, ...]) -> None:
+    """The last ``len(shape)`` dimensions of ``x`` must equal ``shape``."""
+    if x.dim() < len(shape) or tuple(x.shape[-len(shape):]) != shape:
+        raise ValueError(
+            f"normalized_shape={list(shape)} must match the last {len(shape)} "
+            f"dimension(s) of input, but input has shape {list(x.shape)}"
+        )
+
+
+def check_param(p: torch.Tensor | None, name: str, shape: tuple[int, ...]) -> None:
+    """An optional affine parameter must be a float tensor of exactly ``shape``."""
+    if p is None:
+        return
+    check_float_tensor(p, name)
+    if tuple(p.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)} (got {list(p.shape)})")
+
+
+def check_channels(x: torch.Tensor, what: str, min_dim: int = 2) -> int:
+    """Input of a channel norm is (N, C, *); returns C."""
+    if x.dim() < min_dim:
+        raise ValueError(
+            f"{what} expects input of shape (N, C, *) with at least {min_dim} "
+            f"dimensions (got {x.dim()}D input of shape {list(x.shape)})"
+        )
+    return x.shape[1]

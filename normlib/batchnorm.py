@@ -1,0 +1,254 @@
+"""BatchNorm and InstanceNorm modules on one base class that holds running statistics.
+
+Buffers and parameters carry torch.nn's names (``weight``, ``bias``,
+``running_mean``, ``running_var``, ``num_batches_tracked``), so state_dicts
+load in both directions. Training vs evaluation is decided by
+``self.training`` alone (``model.train()`` / ``model.eval()``), never by
+whether autograd is enabled.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from . import functional as F
+from ._checks import check_eps, check_float_tensor, check_momentum, check_positive_int
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "InstanceNorm1d", "InstanceNorm2d"]
+
+
+class _NormBase(nn.Module):
+    """Parameters, running statistics and their (re)initialisation."""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.num_features = check_positive_int(num_features, "num_features")
+        self.eps = check_eps(eps)
+        self.momentum = check_momentum(momentum)
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = nn.Parameter(torch.empty(num_features, **factory))
+            if bias:
+                self.bias = nn.Parameter(torch.empty(num_features, **factory))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", torch.zeros(num_features, **factory))
+            self.register_buffer("running_var", torch.ones(num_features, **factory))
+            self.register_buffer(
+                "num_batches_tracked",
+                torch.tensor(0, dtype=torch.long, device=device),
+            )
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            self.running_mean.zero_()
+            self.running_var.fill_(1)
+            self.num_batches_tracked.zero_()
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _momentum_for_this_step(self) -> float:
+        """Count the batch and return the weight it gets in the running average.
+
+        ``momentum=None`` makes the running statistics a cumulative (equal
+        weight) average of every batch seen: the k-th batch gets weight 1/k.
+        """
+        if not (self.training and self.track_running_stats):
+            return 0.0 if self.momentum is None else self.momentum
+        with torch.no_grad():
+            self.num_batches_tracked.add_(1)
+        if self.momentum is None:
+            return 1.0 / float(self.num_batches_tracked)
+        return self.momentum
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, bias={self.bias is not None}, "
+            f"track_running_stats={self.track_running_stats}"
+        )
+
+
+class _BatchNorm(_NormBase):
+    _ndims: tuple[int, ...] = ()
+
+    def _check_input(self, input: Tensor) -> None:
+        check_float_tensor(input)
+        if input.dim() not in self._ndims:
+            want = " or ".join(f"{d}D" for d in self._ndims)
+            raise ValueError(
+                f"{type(self).__name__} expects {want} input (got {input.dim()}D input "
+                f"of shape {list(input.shape)})"
+            )
+        if input.shape[1] != self.num_features:
+            raise ValueError(
+                f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
+                f"channels in dimension 1 (got input of shape {list(input.shape)})"
+            )
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input(input)
+        momentum = self._momentum_for_this_step()
+        # Batch statistics in training, and in eval too when no running statistics exist.
+        use_batch_stats = self.training or self.running_mean is None
+        # Record into the running statistics only while training.
+        track = self.training and self.track_running_stats
+        return F.batch_norm(
+            input,
+            self.running_mean if track or not use_batch_stats else None,
+            self.running_var if track or not use_batch_stats else None,
+            self.weight,
+            self.bias,
+            use_batch_stats,
+            momentum,
+            self.eps,
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    r"""Batch normalization over ``(N, C)`` or ``(N, C, L)`` input.
+
+    .. math:: y = \frac{x - \mathrm{E}[x]}{\sqrt{\mathrm{Var}[x] + \epsilon}} \odot \gamma + \beta
+
+    with per-channel statistics of the batch in training (also recorded into
+    ``running_mean``/``running_var`` with ``new = (1 - momentum) * old +
+    momentum * batch``), and the running statistics in evaluation.
+
+    Args:
+        num_features: number of channels ``C``.
+        eps: added to the variance (default ``1e-5``).
+        momentum: weight of each new batch (default 0.1); ``None`` for a cumulative average.
+        affine: learn γ (``weight``) and β (``bias``).
+        bias: (keyword-only) learn β too, when ``affine``.
+        track_running_stats: keep running statistics; without them the batch
+            statistics are used in evaluation too.
+
+    Example:
+        >>> bn = BatchNorm1d(3)
+        >>> bn(torch.randn(8, 3)).shape
+        torch.Size([8, 3])
+    """
+
+    _ndims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    r"""Batch normalization over ``(N, C, H, W)`` input, per channel.
+
+    Same arguments and behaviour as :class:`BatchNorm1d`; the statistics of
+    channel ``c`` are taken over ``N``, ``H`` and ``W``.
+
+    Example:
+        >>> BatchNorm2d(32)(torch.randn(16, 32, 8, 8)).shape
+        torch.Size([16, 32, 8, 8])
+    """
+
+    _ndims = (4,)
+
+
+class _InstanceNorm(_NormBase):
+    _spatial: int = 1
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: Optional[float] = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        check_float_tensor(input)
+        batched = self._spatial + 2
+        if input.dim() not in (batched - 1, batched):
+            raise ValueError(
+                f"{type(self).__name__} expects {batched - 1}D (unbatched) or {batched}D "
+                f"input (got {input.dim()}D input of shape {list(input.shape)})"
+            )
+        unbatched = input.dim() == batched - 1
+        x = input.unsqueeze(0) if unbatched else input
+        if x.shape[1] != self.num_features:
+            raise ValueError(
+                f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
+                f"channels (got input of shape {list(input.shape)})"
+            )
+        momentum = self._momentum_for_this_step()
+        # Running statistics (when tracked) are recorded in training and used in eval.
+        y = F.instance_norm(
+            x,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            self.training or not self.track_running_stats,
+            momentum,
+            self.eps,
+        )
+        return y.squeeze(0) if unbatched else y
+
+
+class InstanceNorm1d(_InstanceNorm):
+    r"""Instance normalization of ``(N, C, L)`` (or unbatched ``(C, L)``) input.
+
+    Each (sample, channel) is normalized over its ``L`` positions. Defaults
+    follow :class:`torch.nn.InstanceNorm1d`: ``affine=False``,
+    ``track_running_stats=False``. One deliberate difference: with
+    ``track_running_stats=True`` and ``momentum=None`` the running statistics
+    are a cumulative average over the batches seen (counted in
+    ``num_batches_tracked``), as for BatchNorm; torch leaves them unchanged.
+
+    Example:
+        >>> InstanceNorm1d(3)(torch.randn(2, 3, 10)).shape
+        torch.Size([2, 3, 10])
+    """
+
+    _spatial = 1
+
+
+class InstanceNorm2d(_InstanceNorm):
+    r"""Instance normalization of ``(N, C, H, W)`` (or unbatched ``(C, H, W)``) input.
+
+    Each (sample, channel) image is normalized over its ``H × W`` pixels.
+
+    Example:
+        >>> InstanceNorm2d(3)(torch.randn(2, 3, 8, 8)).shape
+        torch.Size([2, 3, 8, 8])
+    """
+
+    _spatial = 2

@@ -1,0 +1,15 @@
+import pytest
+import torch
+
+# Tolerances for comparing two correct implementations in a given dtype.
+TOL = {
+    torch.float64: dict(rtol=1e-10, atol=1e-10),
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.float16: dict(rtol=2e-3, atol=2e-3),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+}
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
