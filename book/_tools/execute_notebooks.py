@@ -24,6 +24,7 @@ KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3
 def execute(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     os.environ["PYTHONHASHSEED"] = "0"
+    os.environ["TQDM_DISABLE"] = "True"  # progress bars are for runs by hand (see book/conftest.py)
     start = time.perf_counter()
     NotebookClient(
         nb,
