@@ -35,7 +35,7 @@ book: $(STAMP)
 test: test-lib test-notebooks
 
 test-lib: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n 2
 
 test-notebooks: $(STAMP)
 ifeq ($(NOTEBOOKS),)

@@ -5,10 +5,11 @@ Reference modules with torch.nn's arguments and state_dict names, their math in
 Importing normlib needs neither a GPU nor Triton, and has no side effects.
 """
 
-from . import functional
+from . import functional, ops
 from .attention import MultiHeadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
 from .normalization import GroupNorm, LayerNorm, RMSNorm
+from .swap import swap_norms
 from .transformer import TransformerBlock
 
 __version__ = "0.1.0"
@@ -16,6 +17,8 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "functional",
+    "ops",
+    "swap_norms",
     "LayerNorm",
     "RMSNorm",
     "GroupNorm",

@@ -89,6 +89,26 @@ def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
     return xc, x0 + shifted_mean, var
 
 
+def check_layer_norm_args(input, normalized_shape, weight, bias, eps) -> tuple[tuple[int, ...], float]:
+    """Validate :func:`layer_norm`'s arguments; returns ``(normalized_shape, eps)``."""
+    check_float_tensor(input)
+    shape = normalize_shape(normalized_shape)
+    check_trailing_shape(input, shape)
+    check_param(weight, "weight", shape)
+    check_param(bias, "bias", shape)
+    return shape, check_eps(eps)
+
+
+def check_rms_norm_args(input, normalized_shape, weight, eps) -> tuple[tuple[int, ...], float]:
+    """Validate :func:`rms_norm`'s arguments; returns ``(normalized_shape, eps)``, resolving ``eps=None``."""
+    check_float_tensor(input)
+    shape = normalize_shape(normalized_shape)
+    check_trailing_shape(input, shape)
+    check_param(weight, "weight", shape)
+    eps = torch.finfo(_acc_dtype(input.dtype)).eps if eps is None else check_eps(eps)
+    return shape, eps
+
+
 def layer_norm(
     input: Tensor,
     normalized_shape: _shape_t,
@@ -118,13 +138,7 @@ def layer_norm(
         tensor([[-1.,  1.],
                 [-1.,  1.]])
     """
-    check_float_tensor(input)
-    shape = normalize_shape(normalized_shape)
-    check_trailing_shape(input, shape)
-    check_param(weight, "weight", shape)
-    check_param(bias, "bias", shape)
-    eps = check_eps(eps)
-
+    shape, eps = check_layer_norm_args(input, normalized_shape, weight, bias, eps)
     acc = _acc_dtype(input.dtype)
     dims = tuple(range(-len(shape), 0))
     xc, _, var = moments(input.to(acc), dims)
@@ -165,12 +179,8 @@ def rms_norm(
         >>> rms_norm(torch.tensor([[3., 4.]]), 2, eps=0.0)
         tensor([[0.8485, 1.1314]])
     """
-    check_float_tensor(input)
-    shape = normalize_shape(normalized_shape)
-    check_trailing_shape(input, shape)
-    check_param(weight, "weight", shape)
+    shape, eps = check_rms_norm_args(input, normalized_shape, weight, eps)
     acc = _acc_dtype(input.dtype)
-    eps = torch.finfo(acc).eps if eps is None else check_eps(eps)
     dims = tuple(range(-len(shape), 0))
     x = input.to(acc)
     rrms = torch.rsqrt((x * x).mean(dims, keepdim=True) + eps)

@@ -14,9 +14,25 @@ import torch
 from torch import Tensor, nn
 
 from . import functional as F
+from . import ops
 from ._checks import _shape_t, check_eps, check_positive_int, normalize_shape
 
 __all__ = ["LayerNorm", "RMSNorm", "GroupNorm"]
+
+
+def _layer_norm(input, normalized_shape, weight, bias, eps):
+    """The fused kernels for CUDA rows they cover, the reference math otherwise."""
+    if len(normalized_shape) == 1 and isinstance(input, Tensor) and ops.use_fused(input):
+        F.check_layer_norm_args(input, normalized_shape, weight, bias, eps)
+        return ops.layer_norm(input, weight, bias, eps)
+    return F.layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def _rms_norm(input, normalized_shape, weight, eps):
+    if len(normalized_shape) == 1 and isinstance(input, Tensor) and ops.use_fused(input):
+        _, eps = F.check_rms_norm_args(input, normalized_shape, weight, eps)
+        return ops.rms_norm(input, weight, eps)
+    return F.rms_norm(input, normalized_shape, weight, eps)
 
 
 class LayerNorm(nn.Module):
@@ -37,6 +53,9 @@ class LayerNorm(nn.Module):
         >>> ln = LayerNorm(4)
         >>> ln(torch.randn(2, 3, 4)).shape
         torch.Size([2, 3, 4])
+
+    On CUDA tensors normalized over one dimension, forward and backward run
+    through the fused Triton kernels (see :func:`normlib.ops.path_for`).
     """
 
     def __init__(
@@ -71,7 +90,7 @@ class LayerNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return (
@@ -95,6 +114,9 @@ class RMSNorm(nn.Module):
     Example:
         >>> RMSNorm(4)(torch.randn(2, 4)).shape
         torch.Size([2, 4])
+
+    On CUDA tensors normalized over one dimension, forward and backward run
+    through the fused Triton kernels (see :func:`normlib.ops.path_for`).
     """
 
     def __init__(
@@ -120,7 +142,7 @@ class RMSNorm(nn.Module):
             nn.init.ones_(self.weight)
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+        return _rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from . import ops
 from ._checks import check_eps, check_positive_int
 from .attention import MultiHeadAttention
 from .normalization import LayerNorm, RMSNorm
@@ -35,6 +36,10 @@ class TransformerBlock(nn.Module):
 
     Shape:
         input ``(B, T, d_model)``; output the same.
+
+    With ``norm_first=True`` on CUDA, the residual add after attention and
+    ``norm2`` run as one fused kernel (:func:`normlib.ops.add_layer_norm` /
+    :func:`normlib.ops.add_rms_norm`).
 
     Example:
         >>> block = TransformerBlock(32, 4, norm_first=False)
@@ -82,10 +87,20 @@ class TransformerBlock(nn.Module):
     def _ffn(self, x: Tensor) -> Tensor:
         return self.dropout(self.ff(x))
 
+    def _add_norm2(self, branch: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``x + branch`` and ``norm2`` of it: one fused kernel on GPU, two steps elsewhere."""
+        n = self.norm2
+        if ops.use_fused(branch, x):
+            if self.norm == "layer":
+                return ops.add_layer_norm(branch, x, n.weight, n.bias, n.eps)
+            return ops.add_rms_norm(branch, x, n.weight, n.eps)
+        x = x + branch
+        return n(x), x
+
     def forward(self, x: Tensor, causal: bool = False) -> Tensor:
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), causal)
-            return x + self._ffn(self.norm2(x))
+            y, x = self._add_norm2(self._sa(self.norm1(x), causal), x)
+            return x + self._ffn(y)
         x = self.norm1(x + self._sa(x, causal))
         return self.norm2(x + self._ffn(x))
 

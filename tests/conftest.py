@@ -1,3 +1,9 @@
+import os
+
+# The fused-path tests run Triton kernels on CPU tensors through Triton's
+# interpreter, which must be switched on before anything imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 

@@ -1,0 +1,176 @@
+"""The fused path: LayerNorm, RMSNorm and residual-add + norm in Triton.
+
+Public functions (all differentiable, all with a reference fallback):
+
+* :func:`layer_norm` ``(x, weight, bias, eps)`` and :func:`rms_norm` ``(x, weight, eps)``
+  normalize over the last dimension;
+* :func:`add_layer_norm` ``(x, residual, weight, bias, eps)`` and
+  :func:`add_rms_norm` ``(x, residual, weight, eps)`` return ``(y, residual_out)``
+  with ``residual_out = x + residual`` rounded to the residual's dtype and
+  ``y`` the norm of exactly that value — the two halves of a Pre-Norm
+  residual step, in one pass over memory.
+
+:func:`path_for` tells which implementation a call will use: ``"triton"``
+(CUDA tensors, Triton installed), ``"triton-interpreter"`` (CPU tensors with
+``TRITON_INTERPRET=1`` set before Triton was imported: slow, for testing),
+or ``"reference"`` (everything else, including shapes and dtypes the kernels
+do not cover). The reference path is :mod:`normlib.functional`, so every call
+returns a correct answer on any machine.
+
+Triton is imported lazily, on the first call that needs it; ``import normlib``
+works without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import functional as F
+from .._checks import check_eps, check_float_tensor, check_param
+
+__all__ = [
+    "HAS_TRITON",
+    "path_for",
+    "use_fused",
+    "layer_norm",
+    "rms_norm",
+    "add_layer_norm",
+    "add_rms_norm",
+]
+
+def _triton_installed() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["triton"] = None
+        return False
+
+
+HAS_TRITON: bool = _triton_installed()
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
+
+
+def path_for(x: Tensor, residual: Optional[Tensor] = None) -> str:
+    """Which implementation normalizes ``x`` (and adds ``residual``) over its last dimension.
+
+    Returns ``"triton"``, ``"triton-interpreter"`` or ``"reference"``. The
+    kernels cover float16/bfloat16/float32/float64 rows of up to 64 KiB
+    (e.g. 16384 float32 or 32768 bfloat16 values); larger rows, other dtypes,
+    tensors on other devices, and calls made while ``torch.compile`` traces
+    (which compiles the reference math itself) use the reference path.
+
+    Example:
+        >>> path_for(torch.randn(4, 8))  # a CPU tensor, no interpreter
+        'reference'
+    """
+    if not HAS_TRITON or _compiling() or x.dim() == 0:
+        return "reference"
+    tensors = [x] if residual is None else [x, residual]
+    if any(t.dtype not in _KERNEL_DTYPES for t in tensors):
+        return "reference"
+    if x.shape[-1] * max(t.element_size() for t in tensors) > 64 * 1024 or x.shape[-1] == 0:
+        return "reference"
+    if all(t.is_cuda for t in tensors):
+        return "triton"
+    if all(t.device.type == "cpu" for t in tensors) and _interpreter_on():
+        return "triton-interpreter"
+    return "reference"
+
+
+def use_fused(x: Tensor, residual: Optional[Tensor] = None) -> bool:
+    """Whether normlib's modules route ``x`` through the kernels: CUDA tensors the kernels cover.
+
+    Modules never take the interpreter path on their own (it is for testing),
+    and fall back to the reference math everywhere else.
+    """
+    return path_for(x, residual) == "triton"
+
+
+def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps) -> float:
+    check_float_tensor(x)
+    if x.dim() == 0:
+        raise ValueError("input must have at least one dimension (got a 0-D tensor)")
+    N = x.shape[-1]
+    if residual is not None:
+        check_float_tensor(residual, "residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have the shape of input {list(x.shape)} (got {list(residual.shape)})")
+    check_param(weight, "weight", (N,))
+    check_param(bias, "bias", (N,))
+    return check_eps(eps)
+
+
+def _fused(x, residual, weight, bias, eps, is_rms):
+    from ._functions import FusedNormFunction
+
+    return FusedNormFunction.apply(x, residual, weight, bias, eps, is_rms)
+
+
+def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """LayerNorm over the last dimension; fused on GPU, reference elsewhere.
+
+    Same result as ``normlib.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)``.
+    """
+    eps = _check(x, None, weight, bias, eps)
+    if path_for(x) == "reference":
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    return _fused(x, None, weight, bias, eps, False)[0]
+
+
+def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None) -> Tensor:
+    """RMSNorm over the last dimension; ``eps=None`` as in :func:`normlib.functional.rms_norm`."""
+    if eps is None:
+        check_float_tensor(x)
+        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+    eps = _check(x, None, weight, None, eps)
+    if path_for(x) == "reference":
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+    return _fused(x, None, weight, None, eps, True)[0]
+
+
+def _reference_add(x: Tensor, residual: Tensor) -> Tensor:
+    acc = torch.float64 if torch.float64 in (x.dtype, residual.dtype) else torch.float32
+    return (x.to(acc) + residual.to(acc)).to(residual.dtype)
+
+
+def add_layer_norm(
+    x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5
+) -> tuple[Tensor, Tensor]:
+    """``residual_out = x + residual`` (in the residual's dtype) and ``y = LayerNorm(residual_out)``.
+
+    Returns ``(y, residual_out)``; ``y`` has ``x``'s dtype. Gradients flow to
+    ``x``, ``residual``, ``weight`` and ``bias`` through both outputs.
+    """
+    eps = _check(x, residual, weight, bias, eps)
+    if path_for(x, residual) == "reference":
+        res_out = _reference_add(x, residual)
+        return F.layer_norm(res_out, x.shape[-1:], weight, bias, eps).to(x.dtype), res_out
+    return _fused(x, residual, weight, bias, eps, False)
+
+
+def add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None
+) -> tuple[Tensor, Tensor]:
+    """``residual_out = x + residual`` (in the residual's dtype) and ``y = RMSNorm(residual_out)``."""
+    if eps is None:
+        check_float_tensor(x)
+        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+    eps = _check(x, residual, weight, None, eps)
+    if path_for(x, residual) == "reference":
+        res_out = _reference_add(x, residual)
+        return F.rms_norm(res_out, x.shape[-1:], weight, eps).to(x.dtype), res_out
+    return _fused(x, residual, weight, None, eps, True)

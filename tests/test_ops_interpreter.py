@@ -1,0 +1,253 @@
+"""The Triton kernels, run on CPU through TRITON_INTERPRET=1 (set in conftest.py).
+
+Every output and gradient is compared with a float64 reference computed from
+the same, already rounded, inputs; the kernel's error may be no worse than
+twice torch's own error in the same dtype plus a small atol.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import normlib as nl
+import normlib.functional as F
+from normlib import ops
+from _helpers import assert_no_worse
+
+pytestmark = [
+    pytest.mark.interpreter,
+    pytest.mark.skipif(not ops.HAS_TRITON, reason="Triton is not installed"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 before triton is imported"),
+]
+
+ULP_RTOL = {torch.float32: 2**-22, torch.float16: 2**-10, torch.bfloat16: 2**-7, torch.float64: 2**-51}
+
+
+def _reference(kind, x, residual, weight, bias, eps):
+    """float64 math on float64 copies; returns (y, residual_out)."""
+    N = x.shape[-1]
+    if residual is not None:
+        res_out = (x + residual).to(residual.dtype_orig) if hasattr(residual, "dtype_orig") else x + residual
+    else:
+        res_out = x
+    if kind == "layer":
+        y = TF.layer_norm(res_out, (N,), weight, bias, eps)
+    else:
+        y = TF.rms_norm(res_out, (N,), weight, eps)
+    return y, res_out
+
+
+def _torch_same_dtype(kind, x, residual, weight, bias, eps):
+    """What plain PyTorch computes in the inputs' own dtypes (the error yardstick)."""
+    N = x.shape[-1]
+    if residual is not None:
+        res_out = (x.to(residual.dtype) + residual) if residual.dtype != x.dtype else x + residual
+        inp = res_out.to(x.dtype)
+    else:
+        res_out, inp = None, x
+    w = weight.to(x.dtype) if weight is not None else None
+    b = bias.to(x.dtype) if bias is not None else None
+    y = TF.layer_norm(inp, (N,), w, b, eps) if kind == "layer" else TF.rms_norm(inp, (N,), w, eps)
+    return y, res_out
+
+
+def _ours(kind, x, residual, weight, bias, eps):
+    if residual is None:
+        y = ops.layer_norm(x, weight, bias, eps) if kind == "layer" else ops.rms_norm(x, weight, eps)
+        return y, None
+    if kind == "layer":
+        return ops.add_layer_norm(x, residual, weight, bias, eps)
+    return ops.add_rms_norm(x, residual, weight, eps)
+
+
+def _leaves(ts):
+    return [t.detach().clone().requires_grad_() if t is not None else None for t in ts]
+
+
+def check(kind, x, residual=None, weight=None, bias=None, eps=1e-5):
+    """Forward and every gradient of the fused op against the float64 reference."""
+    assert ops.path_for(x, residual) == "triton-interpreter"
+    dtype = x.dtype
+    ours_in = _leaves([x, residual, weight, bias])
+    torch_in = _leaves([x, residual, weight, bias])
+    ref_in = _leaves([t.double() if t is not None else None for t in (x, residual, weight, bias)])
+
+    y, res_out = _ours(kind, *ours_in, eps)
+    y_t, res_t = _torch_same_dtype(kind, *torch_in, eps)
+    # reference: the residual sum rounded to the residual's dtype, as the kernel defines it
+    if residual is not None:
+        res_exact = (ref_in[0] + ref_in[1]).to(residual.dtype).double()
+        res_ref_leaf = ref_in[0] + ref_in[1]
+        res_ref = res_ref_leaf + (res_exact - res_ref_leaf).detach()  # value rounded, gradient of the sum
+    else:
+        res_ref = ref_in[0]
+    N = x.shape[-1]
+    y_ref = TF.layer_norm(res_ref, (N,), ref_in[2], ref_in[3], eps) if kind == "layer" else TF.rms_norm(res_ref, (N,), ref_in[2], eps)
+
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_no_worse(y, y_t, y_ref, dtype, "y")
+    if residual is not None:
+        assert res_out.dtype == residual.dtype and res_out.shape == x.shape
+        torch.testing.assert_close(res_out.double(), res_exact, rtol=ULP_RTOL[residual.dtype], atol=1e-30)
+
+    gy = torch.randn(y.shape, dtype=torch.float64)
+    outs = [(y, y_t, y_ref, gy)]
+    if residual is not None:
+        gr = torch.randn(x.shape, dtype=torch.float64)
+        outs.append((res_out, res_t, res_ref, gr))
+    for a, b, r, g in outs:
+        a.backward(g.to(a.dtype), retain_graph=True)
+        b.backward(g.to(b.dtype), retain_graph=True)
+        r.backward(g, retain_graph=True)
+    names = ["x", "residual", "weight", "bias"]
+    for name, a, b, r in zip(names, ours_in, torch_in, ref_in):
+        if a is None:
+            continue
+        assert a.grad is not None and a.grad.dtype == a.dtype, name
+        assert_no_worse(a.grad, b.grad, r.grad, dtype if name != "residual" else residual.dtype, f"grad of {name}")
+
+
+# Rows M and widths N from the issue, covered without the full product:
+# every N at M=3, every M at N=123, and a few heavier combinations.
+WIDTHS = [1, 8, 100, 123, 128, 1000, 1024, 3000, 4096]
+ROWS = [0, 1, 3, 64, 199]
+SHAPES = sorted({(3, n) for n in WIDTHS} | {(m, 123) for m in ROWS} | {(64, 1000), (199, 8)})
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_norm_forward_backward(shape, dtype, kind):
+    torch.manual_seed(shape[0] * 10007 + shape[1])
+    x = torch.randn(shape).to(dtype)
+    w = torch.randn(shape[-1]).to(dtype)
+    b = torch.randn(shape[-1]).to(dtype) if kind == "layer" else None
+    check(kind, x, None, w, b)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("residual_dtype", ["same", "float32"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 8), (64, 123), (3, 1024), (3, 3000), (0, 100), (199, 100)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_add_norm_forward_backward(shape, dtype, residual_dtype, kind):
+    torch.manual_seed(shape[1])
+    rdt = dtype if residual_dtype == "same" else torch.float32
+    x = torch.randn(shape).to(dtype)
+    r = (2 * torch.randn(shape)).to(rdt)
+    w = torch.randn(shape[-1]).to(dtype)
+    b = torch.randn(shape[-1]).to(dtype) if kind == "layer" else None
+    check(kind, x, r, w, b)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("affine", ["none", "weight", "both"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_weight_and_bias_optional(affine, dtype, kind):
+    if kind == "rms" and affine == "both":
+        pytest.skip("RMSNorm has no bias")
+    torch.manual_seed(1)
+    x = torch.randn(5, 100).to(dtype)
+    w = torch.randn(100).to(dtype) if affine != "none" else None
+    b = torch.randn(100).to(dtype) if affine == "both" else None
+    check(kind, x, None, w, b)
+    check(kind, x, torch.randn(5, 100), w, b)
+
+
+def test_weights_in_float32_with_bfloat16_activations():
+    torch.manual_seed(2)
+    check("layer", torch.randn(7, 300).bfloat16(), None, torch.randn(300), torch.randn(300))
+    check("rms", torch.randn(7, 300).half(), torch.randn(7, 300), torch.randn(300))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 40), (2, 3, 4, 24)])
+def test_3d_and_4d_inputs(shape):
+    torch.manual_seed(3)
+    x = torch.randn(shape)
+    check("layer", x, None, torch.randn(shape[-1]), torch.randn(shape[-1]))
+    check("rms", x, torch.randn(shape), torch.randn(shape[-1]))
+
+
+def test_row_strided_views():
+    torch.manual_seed(4)
+    big = torch.randn(20, 160)
+    x = big[:, 7:107]  # rows 160 apart, columns contiguous
+    assert x.stride() == (160, 1)
+    check("layer", x, None, torch.randn(100), torch.randn(100))
+    check("rms", x, big[:, 30:130], torch.randn(100))
+    xt = torch.randn(100, 6).t()  # column stride 6: the launcher must copy
+    check("layer", xt, None, torch.randn(100), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_large_offset_low_variance_rows(dtype):
+    # Padding lanes loaded as 0 would add (0 - 1000)^2 per masked lane to the
+    # variance if they were not excluded: N=3000 pads to 4096 lanes.
+    torch.manual_seed(5)
+    spread = 0.1 if dtype == torch.float32 else 16.0  # bfloat16 values near 1000 are 4 apart
+    x = (1e3 + spread * torch.randn(4, 3000)).to(dtype)
+    check("layer", x, None, torch.randn(3000), torch.randn(3000))
+    y = ops.layer_norm(x)
+    assert (y.float().std(-1) - 1).abs().max() < 0.05
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(6)
+    d = dict(dtype=torch.float64, requires_grad=True)
+    x, r, w, b = torch.randn(3, 7, **d), torch.randn(3, 7, **d), torch.randn(7, **d), torch.randn(7, **d)
+    assert torch.autograd.gradcheck(lambda x, w, b: ops.layer_norm(x, w, b), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: ops.rms_norm(x, w, 1e-6), (x, w))
+    assert torch.autograd.gradcheck(lambda x, r, w, b: ops.add_layer_norm(x, r, w, b), (x, r, w, b))
+    assert torch.autograd.gradcheck(lambda x, r, w: ops.add_rms_norm(x, r, w, 1e-6), (x, r, w))
+
+
+def test_gradients_are_bitwise_deterministic():
+    torch.manual_seed(7)
+    x, r = torch.randn(64, 123), torch.randn(64, 123)
+    w, b = torch.randn(123), torch.randn(123)
+    dy = torch.randn(64, 123)
+
+    def grads():
+        ins = _leaves([x, r, w, b])
+        y, res = ops.add_layer_norm(*ins)
+        (y * dy).sum().add((res * dy).sum()).backward()
+        return [t.grad for t in ins]
+
+    for a, b_ in zip(grads(), grads()):
+        assert torch.equal(a, b_)
+
+
+def test_results_match_the_reference_path_exactly_in_float64():
+    torch.manual_seed(8)
+    x, w, b = torch.randn(6, 50, dtype=torch.float64), torch.randn(50, dtype=torch.float64), torch.randn(50, dtype=torch.float64)
+    torch.testing.assert_close(ops.layer_norm(x, w, b), F.layer_norm(x, (50,), w, b), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), F.rms_norm(x, (50,), w, 1e-6), rtol=1e-13, atol=1e-13)
+
+
+def test_modules_and_block_through_the_kernels(monkeypatch):
+    """With use_fused forced on, the modules and the Pre-Norm block route through the kernels."""
+    torch.manual_seed(9)
+    calls = []
+    real = ops._fused
+
+    def spy(*args):
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(ops, "use_fused", lambda x, residual=None: ops.path_for(x, residual) != "reference")
+    monkeypatch.setattr(ops, "_fused", spy)
+    for norm in ("layer", "rms"):
+        block = nl.TransformerBlock(32, 4, norm_first=True, norm=norm)
+        x = torch.randn(2, 5, 32, requires_grad=True)
+        y = block(x)
+        monkeypatch.setattr(ops, "use_fused", lambda x, residual=None: False)
+        x2 = x.detach().clone().requires_grad_()
+        y2 = block(x2)
+        monkeypatch.setattr(ops, "use_fused", lambda x, residual=None: ops.path_for(x, residual) != "reference")
+        torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-5)
+        y.sum().backward()
+        y2.sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
+    assert calls.count(False) >= 2 and calls.count(True) >= 2  # layer and rms kernels both ran
