@@ -8,9 +8,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := --quiet --disable-pip-version-check --no-input
 NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
+# MathJax is served from the build itself (no CDN): installed from npm, trimmed, and
+# copied into the HTML output through html_extra_path (see _config.yml).
+MATHJAX := _assets/mathjax/tex-mml-chtml.js
+MATHJAX_SRC := node_modules/mathjax/es5
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=120
 
-.PHONY: help install book test test-lib test-notebooks notebooks clean
+.PHONY: help install book test test-lib test-notebooks test-site notebooks clean
 
 help:
 	@echo "make book       build the book into _build/html (sets up $(VENV) first)"
@@ -27,12 +31,23 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-book: $(STAMP)
+$(MATHJAX_SRC)/tex-mml-chtml.js: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(MATHJAX): $(MATHJAX_SRC)/tex-mml-chtml.js
+	rm -rf _assets/mathjax
+	mkdir -p _assets/mathjax/output/chtml/fonts _assets/mathjax/input/tex
+	cp $(MATHJAX_SRC)/tex-mml-chtml.js _assets/mathjax/
+	cp -r $(MATHJAX_SRC)/output/chtml/fonts/woff-v2 _assets/mathjax/output/chtml/fonts/
+	cp -r $(MATHJAX_SRC)/input/tex/extensions _assets/mathjax/input/tex/
+
+book: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo
 	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html"
 
-test: test-lib test-notebooks
+test: test-lib test-notebooks test-site
 
 test-lib: $(STAMP)
 	$(BIN)/python -m pytest tests -n 2
@@ -44,8 +59,13 @@ else
 	$(BIN)/python -m pytest $(NBVAL) $(NOTEBOOKS)
 endif
 
+# The built book in headless Chromium (Debian's chromium + chromium-driver).
+# Without them the checks are skipped with a message; CI sets NORMLIB_REQUIRE_BROWSER=1.
+test-site: book
+	NORMLIB_SITE_DIR=_build/html $(BIN)/python -m pytest tests/test_site.py -rs
+
 notebooks: $(STAMP)
 	$(BIN)/python book/_tools/execute_notebooks.py $(NOTEBOOKS)
 
 clean:
-	rm -rf _build
+	rm -rf _build _assets

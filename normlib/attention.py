@@ -67,6 +67,12 @@ class MultiHeadAttention(nn.Module):
             )
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+        """Attend from the queries ``q`` ``(B, T, d_model)`` to keys ``k`` and values ``v`` ``(B, S, d_model)``.
+
+        Self-attention passes the same tensor three times. With ``causal=True``
+        query ``i`` sees keys ``0..i`` only (masked scores are ``-inf``).
+        Returns ``(B, T, d_model)``.
+        """
         for name, t in (("q", q), ("k", k), ("v", v)):
             self._check(name, t)
         if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0]:

@@ -98,6 +98,7 @@ class TransformerBlock(nn.Module):
         return n(x), x
 
     def forward(self, x: Tensor, causal: bool = False) -> Tensor:
+        """Apply the block to ``x`` ``(B, T, d_model)``; ``causal=True`` masks future positions."""
         if self.norm_first:
             y, x = self._add_norm2(self._sa(self.norm1(x), causal), x)
             return x + self._ffn(y)

@@ -10,15 +10,46 @@ an unchanged notebook gives an unchanged file.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
+import platform
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+RECORD = Path(__file__).resolve().parents[1] / "data" / "executed_with.json"
+PACKAGES = ("torch", "triton", "numpy", "matplotlib", "normlib")
+# Pages that only display the record are not themselves recorded in it.
+NOT_RECORDED = {"versions.ipynb"}
+
+
+def environment() -> dict:
+    """The versions of this environment, read from the installed packages, not typed by hand."""
+    env = {"python": platform.python_version(), "machine": platform.machine()}
+    for name in PACKAGES:
+        try:
+            env[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            env[name] = None
+    env["executed"] = dt.datetime.now(dt.timezone.utc).date().isoformat()
+    return env
+
+
+def record(paths: list[Path]) -> None:
+    data = json.loads(RECORD.read_text()) if RECORD.exists() else {"notebooks": {}}
+    env = environment()
+    for p in paths:
+        if p.name not in NOT_RECORDED:
+            data["notebooks"][p.name] = env
+    data["notebooks"] = dict(sorted(data["notebooks"].items()))
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def execute(path: Path) -> float:
@@ -50,9 +81,16 @@ def main(paths: list[str]) -> int:
     if not paths:
         print("usage: execute_notebooks.py NOTEBOOK.ipynb ...", file=sys.stderr)
         return 2
-    for p in paths:
-        seconds = execute(Path(p))
+    chapters = sorted((Path(p) for p in paths), key=lambda p: p.name in NOT_RECORDED)
+    done = []
+    for p in chapters:
+        if p.name in NOT_RECORDED:
+            record(done)  # the record must be complete before the page that shows it runs
+            done = []
+        seconds = execute(p)
         print(f"executed {p} in {seconds:.1f} s")
+        done.append(p)
+    record(done)
     return 0
 
 
