@@ -226,9 +226,9 @@ def test_results_match_the_reference_path_exactly_in_float64():
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), F.rms_norm(x, (50,), w, 1e-6), rtol=1e-13, atol=1e-13)
 
 
-def test_modules_and_block_through_the_kernels(monkeypatch):
-    """With use_fused forced on, the modules and the Pre-Norm block route through the kernels."""
-    torch.manual_seed(9)
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Let the modules use the interpreter as they would CUDA; record each kernel call's is_rms."""
     calls = []
     real = ops._fused
 
@@ -238,6 +238,13 @@ def test_modules_and_block_through_the_kernels(monkeypatch):
 
     monkeypatch.setattr(ops, "use_fused", lambda x, residual=None: ops.path_for(x, residual) != "reference")
     monkeypatch.setattr(ops, "_fused", spy)
+    return calls
+
+
+def test_modules_and_block_through_the_kernels(monkeypatch, kernel_calls):
+    """With use_fused forced on, the modules and the Pre-Norm block route through the kernels."""
+    torch.manual_seed(9)
+    calls = kernel_calls
     for norm in ("layer", "rms"):
         block = nl.TransformerBlock(32, 4, norm_first=True, norm=norm)
         x = torch.randn(2, 5, 32, requires_grad=True)
@@ -251,3 +258,17 @@ def test_modules_and_block_through_the_kernels(monkeypatch):
         y2.sum().backward()
         torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-5)
     assert calls.count(False) >= 2 and calls.count(True) >= 2  # layer and rms kernels both ran
+
+
+def test_torch_compile_traces_the_reference_math(kernel_calls):
+    """While torch.compile traces, the kernel path is never taken (fullgraph would break on it)."""
+    torch.manual_seed(10)
+    calls = kernel_calls
+    block = nl.TransformerBlock(16, 4, norm_first=True, norm="rms")
+    x = torch.randn(2, 5, 16)
+    eager = block(x)
+    assert len(calls) == 2  # eager: norm1 and the fused add+norm2 ran through the kernels
+    calls.clear()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager, rtol=1e-5, atol=1e-5)
+    assert calls == []

@@ -164,6 +164,15 @@ def _launch_config(N: int, element_size: int) -> tuple[int, int]:
     return block_n, num_warps
 
 
+def _or(t, stand_in):
+    """``t``, or a stand-in pointer for an argument the kernel's flags say it never touches."""
+    return t if t is not None else stand_in
+
+
+def _stride0(t) -> int:
+    return t.stride(0) if t is not None else 0
+
+
 def norm_fwd(x, residual, weight, bias, eps, is_rms):
     """Launch the forward kernel on 2-D ``x`` (M, N) with unit column stride.
 
@@ -183,17 +192,17 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms):
     block_n, num_warps = _launch_config(N, x.element_size())
     _norm_fwd_kernel[(M,)](
         x,
-        residual if residual is not None else x,
-        weight if weight is not None else x,
-        bias if bias is not None else x,
+        _or(residual, x),
+        _or(weight, x),
+        _or(bias, x),
         y,
-        res_out if res_out is not None else y,
-        mean if mean is not None else rstd,
+        _or(res_out, y),
+        _or(mean, rstd),
         rstd,
         x.stride(0),
-        residual.stride(0) if residual is not None else 0,
+        _stride0(residual),
         y.stride(0),
-        res_out.stride(0) if res_out is not None else 0,
+        _stride0(res_out),
         N,
         eps,
         IS_RMS=is_rms,
@@ -239,20 +248,20 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
         rows_per_program = triton.cdiv(M, P)
         _norm_bwd_kernel[(P,)](
             x,
-            weight if weight is not None else x,
+            _or(weight, x),
             dy,
-            dres if dres is not None else dy,
+            _or(dres, dy),
             dx,
-            dres_in if dres_in is not None else dx,
-            dw_part if dw_part is not None else rstd,
-            db_part if db_part is not None else rstd,
-            mean if mean is not None else rstd,
+            _or(dres_in, dx),
+            _or(dw_part, rstd),
+            _or(db_part, rstd),
+            _or(mean, rstd),
             rstd,
             x.stride(0),
             dy.stride(0),
-            dres.stride(0) if dres is not None else 0,
+            _stride0(dres),
             dx.stride(0),
-            dres_in.stride(0) if dres_in is not None else 0,
+            _stride0(dres_in),
             M,
             N,
             rows_per_program,
