@@ -30,13 +30,13 @@ MAX_ROW_BYTES = 64 * 1024
 @triton.jit
 def _norm_fwd_kernel(
     X,  # (M, N) input rows, row stride stride_x
-    R,  # (M, N) residual to add to X, row stride stride_r (unused unless HAS_RES)
+    R,  # (M, N) residual to add to X (unused unless HAS_RES)
     W,  # (N,) weight γ (unused unless HAS_W)
     B,  # (N,) bias β (unused unless HAS_B)
     Y,  # (M, N) output, row stride stride_y
-    RES_OUT,  # (M, N) x + residual in the residual's dtype, row stride stride_ro (unused unless HAS_RES)
-    MEAN,  # (M,) fp32/fp64 row mean minus the row's first element, saved for backward (unused when IS_RMS)
-    RSTD,  # (M,) fp32/fp64 reciprocal standard deviations (or RMS), saved for backward
+    RES_OUT,  # (M, N) x + residual, in the residual's dtype (unused unless HAS_RES)
+    MEAN,  # (M,) fp32/fp64 row mean minus the row's first element (unused when IS_RMS)
+    RSTD,  # (M,) fp32/fp64 reciprocal standard deviation (or RMS) of each row
     stride_x,
     stride_r,
     stride_y,
@@ -83,14 +83,14 @@ def _norm_fwd_kernel(
 
 @triton.jit
 def _norm_bwd_kernel(
-    X,  # (M, N) the normalized input (x, or residual_out when a residual was added), row stride stride_x
+    X,  # (M, N) the normalized input: x, or residual_out when a residual was added
     W,  # (N,) weight γ (unused unless HAS_W)
     DY,  # (M, N) gradient of y, row stride stride_dy
-    DRES,  # (M, N) gradient of residual_out, row stride stride_dres (unused unless HAS_DRES)
-    DX,  # (M, N) output: gradient of x (and of the residual), row stride stride_dx
-    DRES_IN,  # (M, N) output: gradient of the residual, in its own dtype (unused unless SPLIT_DRES)
-    DW,  # (P, N) fp32/fp64 partial sums of dweight, one row per program (unused unless HAS_W)
-    DB,  # (P, N) fp32/fp64 partial sums of dbias, one row per program (unused unless HAS_B)
+    DRES,  # (M, N) gradient of residual_out (unused unless HAS_DRES)
+    DX,  # (M, N) output: gradient of x (and of the residual)
+    DRES_IN,  # (M, N) output: gradient of the residual, in its dtype (if SPLIT_DRES)
+    DW,  # (P, N) fp32/fp64 partial sums of dweight, a row per program (if HAS_W)
+    DB,  # (P, N) fp32/fp64 partial sums of dbias, a row per program (if HAS_B)
     MEAN,  # (M,) row mean minus the row's first element (unused when IS_RMS)
     RSTD,  # (M,) reciprocal standard deviations
     stride_x,
@@ -142,10 +142,12 @@ def _norm_bwd_kernel(
             c2 = tl.sum(wdy, axis=0) / N
             dx = (wdy - (xhat * c1 + c2)) * rstd
         if HAS_DRES:
-            dx += tl.load(DRES + row * stride_dres + cols, mask=mask, other=0.0).to(acc_dtype)
+            dres = tl.load(DRES + row * stride_dres + cols, mask=mask, other=0.0)
+            dx += dres.to(acc_dtype)
         tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
         if SPLIT_DRES:
-            tl.store(DRES_IN + row * stride_dres_in + cols, dx.to(DRES_IN.dtype.element_ty), mask=mask)
+            dres_in = dx.to(DRES_IN.dtype.element_ty)
+            tl.store(DRES_IN + row * stride_dres_in + cols, dres_in, mask=mask)
     if HAS_W:
         tl.store(DW + pid * N + cols, dw, mask=mask)
     if HAS_B:
