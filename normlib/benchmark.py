@@ -5,12 +5,20 @@ Run on a machine with a CUDA GPU::
     python -m normlib.benchmark --out book/data/benchmark.json --plot book/data/benchmark.png
 
 Each op is timed with ``triton.testing.do_bench`` (CUDA events, L2 flushed
-between runs) and converted to GB/s from the bytes the op must move at least
-(see :func:`bytes_moved`). A device-to-device copy of the same tensor is
-timed too: its GB/s is the practical bandwidth ceiling the kernels are judged
-against. The JSON records the device, driver, torch and Triton versions and
-the date. Without a CUDA device the module says so and exits with status 2:
-it never produces numbers it did not measure.
+between runs) in three modes — forward, backward alone (on a retained graph),
+and forward + backward — and converted to GB/s from the bytes the op must
+move at least (see :func:`bytes_moved`). A device-to-device copy of the same
+tensor is timed too: its GB/s is the practical bandwidth ceiling the kernels
+are judged against (:func:`targets`). The JSON records the device, driver,
+torch and Triton versions and the date.
+
+The full grid compiles ``torch.compile`` once per (op, shape, dtype) and
+takes several minutes. The JSON is rewritten after every shape, and
+``--resume`` measures only what a record from the same device and versions
+still lacks, so an interrupted run can be completed.
+
+Without a CUDA device the command says so and exits with status 2: it never
+produces numbers it did not measure.
 """
 
 from __future__ import annotations
@@ -18,29 +26,38 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
-from typing import Callable, Iterable
+import time
+from typing import Callable, Iterable, Optional
 
 import torch
 
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
-MODES = ("fwd", "fwd+bwd")
+MODES = ("fwd", "bwd", "fwd+bwd")
 PROVIDERS = ("normlib", "torch", "torch.compile")
 ROWS = (4096, 16384, 32768)
 WIDTHS = (1024, 2048, 4096, 8192, 16384)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+COMPILE_BACKEND = "inductor"  # the tests swap in "aot_eager" to exercise the machinery on CPU
 
 # Tensors of M x N elements each op must read or write at least once.
 _TENSOR_PASSES = {
     ("layer_norm", "fwd"): 2,  # read x, write y
     ("rms_norm", "fwd"): 2,
     ("add_rms_norm", "fwd"): 4,  # read x, residual; write y, residual_out
-    ("layer_norm", "fwd+bwd"): 5,  # forward 2, backward: read x, dy; write dx
+    ("layer_norm", "bwd"): 3,  # read x, dy; write dx
+    ("rms_norm", "bwd"): 3,
+    ("add_rms_norm", "bwd"): 5,  # read residual_out, dy, d(residual_out); write dx, dresidual
+    ("layer_norm", "fwd+bwd"): 5,
     ("rms_norm", "fwd+bwd"): 5,
-    ("add_rms_norm", "fwd+bwd"): 9,  # forward 4, backward: read residual_out, dy, dresidual_out; write dx, dresidual
+    ("add_rms_norm", "fwd+bwd"): 9,
 }
+
+_ENV_KEYS = ("device", "torch", "triton")  # what must match for --resume to add to a record
 
 
 def bytes_moved(op: str, mode: str, M: int, N: int, element_size: int) -> int:
@@ -86,59 +103,94 @@ def _provider_fn(provider: str, op: str) -> Callable:
     if provider == "torch":
         return _eager(op)
     if provider == "torch.compile":
-        return torch.compile(_eager(op), dynamic=False)
+        # Dynamo caches per code object, and every shape recompiles (dynamic=False):
+        # without a reset the recompile limit would silently fall back to eager.
+        torch._dynamo.reset()
+        return torch.compile(_eager(op), dynamic=False, fullgraph=True, backend=COMPILE_BACKEND)
     raise ValueError(f"unknown provider {provider!r}")
 
 
-def _time_ms(fn: Callable[[], object]) -> float:
+def cuda_timer(fn: Callable[[], object], grad_to_none=None) -> float:
+    """Median milliseconds of ``fn`` by ``triton.testing.do_bench`` (CUDA events, L2 flushed)."""
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return float(do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
 
 
-def measure(op: str, mode: str, provider: str, M: int, N: int, dtype: torch.dtype) -> float:
-    """Median milliseconds of one call (forward, or forward and backward together)."""
-    dev = "cuda"
-    x = torch.randn(M, N, device=dev, dtype=dtype)
-    r = torch.randn(M, N, device=dev, dtype=dtype)
-    w = torch.randn(N, device=dev, dtype=dtype)
-    b = torch.randn(N, device=dev, dtype=dtype)
-    fn = _provider_fn(provider, op)
-    if mode == "fwd":
-        with torch.no_grad():
-            return _time_ms(lambda: fn(x, r, w, b))
-    for t in (x, r, w, b):
-        t.requires_grad_(True)
-    dy = torch.randn(M, N, device=dev, dtype=dtype)
-
-    def step():
-        out = fn(x, r, w, b)
-        outs = out if isinstance(out, tuple) else (out,)
-        torch.autograd.backward(outs, (dy,) * len(outs))
-        for t in (x, r, w, b):
+def wall_timer(fn: Callable[[], object], grad_to_none=None, reps: int = 3) -> float:
+    """Median wall-clock milliseconds of ``fn``: for exercising the machinery off the GPU only."""
+    times = []
+    for _ in range(reps + 1):
+        for t in grad_to_none or ():
             t.grad = None
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[1:])
 
-    return _time_ms(step)
+
+def _outputs(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
 
 
-def copy_ms(M: int, N: int, dtype: torch.dtype) -> float:
-    src = torch.randn(M, N, device="cuda", dtype=dtype)
+def measure_op(fn: Callable, modes: Iterable[str], M: int, N: int, dtype: torch.dtype, device: str, timer: Callable) -> dict:
+    """Milliseconds per call of ``fn(x, residual, weight, bias)`` in each mode.
+
+    ``fwd`` runs without autograd; ``bwd`` replays the backward pass of one
+    retained graph; ``fwd+bwd`` builds and consumes a graph per call.
+    """
+    x, r, dy = (torch.randn(M, N, device=device, dtype=dtype) for _ in range(3))
+    w, b = (torch.randn(N, device=device, dtype=dtype) for _ in range(2))
+    leaves = (x, r, w, b)
+    out = {}
+    for mode in modes:
+        if mode == "fwd":
+            with torch.no_grad():
+                out[mode] = timer(lambda: fn(x, r, w, b))
+            continue
+        for t in leaves:
+            t.requires_grad_(True)
+        if mode == "bwd":
+            outs = _outputs(fn(x, r, w, b))
+            grads = (dy,) * len(outs)
+            out[mode] = timer(lambda: torch.autograd.backward(outs, grads, retain_graph=True), grad_to_none=leaves)
+            del outs
+        else:
+
+            def step():
+                outs = _outputs(fn(x, r, w, b))
+                torch.autograd.backward(outs, (dy,) * len(outs))
+
+            out[mode] = timer(step, grad_to_none=leaves)
+        for t in leaves:
+            t.requires_grad_(False)
+            t.grad = None
+    return out
+
+
+def copy_ms(M: int, N: int, dtype: torch.dtype, device: str = "cuda", timer: Callable = cuda_timer) -> float:
+    src = torch.randn(M, N, device=device, dtype=dtype)
     dst = torch.empty_like(src)
-    return _time_ms(lambda: dst.copy_(src))
+    return timer(lambda: dst.copy_(src))
 
 
-def environment() -> dict:
+def environment(device: str = "cuda") -> dict:
+    """Device, driver, CUDA, torch and Triton versions, and the date (UTC)."""
     import triton
 
-    try:
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, check=True, timeout=30,
-        ).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        driver = "unknown"
+    if device == "cuda":
+        name = torch.cuda.get_device_name(0)
+        try:
+            driver = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, check=True, timeout=30,
+            ).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            driver = "unknown"
+    else:
+        name, driver = f"{device} ({platform.machine()})", "none"
     return {
-        "device": torch.cuda.get_device_name(0),
+        "device": name,
         "driver": driver,
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
@@ -147,30 +199,70 @@ def environment() -> dict:
     }
 
 
-def run(dtypes: Iterable[str], rows=ROWS, widths=WIDTHS, ops=OPS, providers=PROVIDERS, log=print) -> dict:
-    """Measure every (dtype, op, mode, provider, M, N); returns the JSON-ready record."""
-    records = []
+def _key(rec: dict) -> tuple:
+    return (rec["dtype"], rec["op"], rec["mode"], rec["provider"], rec["M"], rec["N"])
+
+
+def run(
+    dtypes: Iterable[str],
+    rows=ROWS,
+    widths=WIDTHS,
+    ops=OPS,
+    providers=PROVIDERS,
+    *,
+    device: str = "cuda",
+    timer: Callable = cuda_timer,
+    previous: Optional[dict] = None,
+    save: Optional[Callable[[dict], None]] = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Measure every (dtype, M, N, op, provider, mode) and the copy; returns the JSON-ready record.
+
+    With ``previous`` (a record from the same device and versions), only what
+    it lacks is measured. ``save`` is called with the record after every shape.
+    """
+    env = environment(device)
+    data = {"environment": env, "runs": [env["date"]], "bytes_model": {f"{k[0]} {k[1]}": v for k, v in _TENSOR_PASSES.items()}, "results": []}
+    if previous is not None:
+        old = previous["environment"]
+        if any(old[k] != env[k] for k in _ENV_KEYS):
+            raise ValueError(
+                "cannot add to a record from another environment: "
+                + ", ".join(f"{k} {old[k]!r} vs {env[k]!r}" for k in _ENV_KEYS if old[k] != env[k])
+            )
+        data["environment"] = old
+        data["runs"] = previous.get("runs", [old["date"]]) + [env["date"]]
+        data["results"] = list(previous["results"])
+    done = {_key(r) for r in data["results"]}
     for dname in dtypes:
         dtype = DTYPES[dname]
         esize = torch.empty((), dtype=dtype).element_size()
         for M in rows:
             for N in widths:
-                ms = copy_ms(M, N, dtype)
-                gbps = bytes_moved("", "copy", M, N, esize) / ms / 1e6
-                records.append(dict(op="copy", mode="copy", provider="copy", dtype=dname, M=M, N=N, ms=ms, gbps=gbps))
-                log(f"{dname} M={M} N={N} copy {gbps:8.1f} GB/s")
+
+                def record(op, mode, provider, ms):
+                    gbps = bytes_moved(op, mode, M, N, esize) / ms / 1e6
+                    data["results"].append(dict(op=op, mode=mode, provider=provider, dtype=dname, M=M, N=N, ms=ms, gbps=gbps))
+                    log(f"{dname} M={M:6d} N={N:6d} {op:13s} {mode:8s} {provider:14s} {gbps:8.1f} GB/s")
+
+                if (dname, "copy", "copy", "copy", M, N) not in done:
+                    record("copy", "copy", "copy", copy_ms(M, N, dtype, device, timer))
                 for op in ops:
-                    for mode in MODES:
-                        for provider in providers:
-                            ms = measure(op, mode, provider, M, N, dtype)
-                            gbps = bytes_moved(op, mode, M, N, esize) / ms / 1e6
-                            records.append(dict(op=op, mode=mode, provider=provider, dtype=dname, M=M, N=N, ms=ms, gbps=gbps))
-                            log(f"{dname} M={M} N={N} {op} {mode} {provider} {gbps:8.1f} GB/s")
-    return {"environment": environment(), "bytes_model": {f"{k[0]} {k[1]}": v for k, v in _TENSOR_PASSES.items()}, "results": records}
+                    for provider in providers:
+                        todo = [m for m in MODES if (dname, op, m, provider, M, N) not in done]
+                        if todo:
+                            fn = _provider_fn(provider, op)
+                            for mode, ms in measure_op(fn, todo, M, N, dtype, device, timer).items():
+                                record(op, mode, provider, ms)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                if save is not None:
+                    save(data)
+    return data
 
 
 def ratios(data: dict, dtype: str = "bf16") -> dict:
-    """Summary ratios per (op, mode): median normlib/copy, min normlib/copy, and speed-ups.
+    """Summary ratios per (op, mode): normlib's share of copy bandwidth, and its speed-ups.
 
     Speed-ups are medians over shapes of the time ratios ``t_provider / t_normlib``.
     """
@@ -179,12 +271,14 @@ def ratios(data: dict, dtype: str = "bf16") -> dict:
     by = {(r["op"], r["mode"], r["provider"], r["M"], r["N"]): r for r in res if r["provider"] != "copy"}
     out = {}
     for op, mode in sorted({(r["op"], r["mode"]) for r in res if r["provider"] == "normlib"}):
-        shapes = sorted((M, N) for (o, m, p, M, N) in by if (o, m, p) == (op, mode, "normlib"))
-        frac = [by[(op, mode, "normlib", M, N)]["gbps"] / copy[(M, N)] for M, N in shapes]
-        big = [f for (M, N), f in zip(shapes, frac) if M * N >= 2**25]
+        shapes = sorted((M, N) for (o, m, p, M, N) in by if (o, m, p) == (op, mode, "normlib") and (M, N) in copy)
+        frac = {(M, N): by[(op, mode, "normlib", M, N)]["gbps"] / copy[(M, N)] for M, N in shapes}
+        big = [f for (M, N), f in frac.items() if M * N >= 2**25]
+        bwd_band = [f for (M, N), f in frac.items() if N <= 8192 and M >= 16384]
         entry = {
             "median_of_copy_bandwidth_MN_ge_2^25": statistics.median(big) if big else None,
-            "min_of_copy_bandwidth": min(frac),
+            "median_of_copy_bandwidth_N_le_8K_M_ge_16K": statistics.median(bwd_band) if bwd_band else None,
+            "min_of_copy_bandwidth": min(frac.values()) if frac else None,
         }
         for prov in ("torch", "torch.compile"):
             sp = [by[(op, mode, prov, M, N)]["ms"] / by[(op, mode, "normlib", M, N)]["ms"] for M, N in shapes if (op, mode, prov, M, N) in by]
@@ -193,41 +287,109 @@ def ratios(data: dict, dtype: str = "bf16") -> dict:
     return out
 
 
-def plot(data: dict, path: str, dtype: str = "bf16", M: int = 16384) -> None:
-    """GB/s against N at one M, one panel per (op, mode), copy bandwidth dashed."""
-    import matplotlib
+def targets(data: dict, dtype: str = "bf16") -> list[dict]:
+    """The fused path's performance targets, each with its measured value and whether it is met.
 
-    matplotlib.use("Agg")
+    Forward: median >= 0.90x copy bandwidth over shapes with M*N >= 2^25 and no
+    shape below 0.75x; backward: median >= 0.80x for N <= 8K, M >= 16K;
+    >= 1.3x torch eager forward, >= 1.5x backward; add+RMSNorm forward+backward
+    >= 1.8x eager; at least parity with torch.compile. A target whose shapes
+    were not measured has value ``None`` and ``met`` ``None``.
+    """
+    summary = ratios(data, dtype)
+    rows = []
+
+    def add(what, key, field, required):
+        value = summary.get(key, {}).get(field)
+        rows.append(dict(target=what, op_mode=key, value=value, required=required, met=None if value is None else value >= required))
+
+    for op in OPS:
+        add("forward, share of copy bandwidth (median, M*N >= 2^25)", f"{op} fwd", "median_of_copy_bandwidth_MN_ge_2^25", 0.90)
+        add("forward, share of copy bandwidth (every shape)", f"{op} fwd", "min_of_copy_bandwidth", 0.75)
+        add("backward, share of copy bandwidth (median, N <= 8K, M >= 16K)", f"{op} bwd", "median_of_copy_bandwidth_N_le_8K_M_ge_16K", 0.80)
+        add("forward, speed-up over torch eager", f"{op} fwd", "speedup_vs_torch", 1.3)
+        add("backward, speed-up over torch eager", f"{op} bwd", "speedup_vs_torch", 1.5)
+    add("forward+backward, speed-up over torch eager", "add_rms_norm fwd+bwd", "speedup_vs_torch", 1.8)
+    for op in OPS:
+        for mode in MODES:
+            add("speed-up over torch.compile", f"{op} {mode}", "speedup_vs_torch.compile", 1.0)
+    return rows
+
+
+def report(data: dict, dtype: str = "bf16") -> str:
+    """The record's environment and every target as a plain-text table."""
+    env = data["environment"]
+    runs = data.get("runs", [env["date"]])
+    lines = [
+        f"measured on {env['device']} (driver {env['driver']}, CUDA {env['cuda']}), "
+        f"torch {env['torch']}, triton {env['triton']}, {runs[0]}"
+        + (f" (completed in {len(runs)} runs, last {runs[-1]})" if len(runs) > 1 else ""),
+        f"{'op and mode':22s} {'target':62s} {'measured':>8s} {'needed':>7s}  met",
+    ]
+    for t in targets(data, dtype):
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        met = {True: "yes", False: "NO", None: "-"}[t["met"]]
+        lines.append(f"{t['op_mode']:22s} {t['target']:62s} {value:>8s} {t['required']:7.2f}  {met}")
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: Optional[str] = None, dtype: str = "bf16", M: Optional[int] = None):
+    """GB/s against N at one M: a row of panels per op, a column per mode, copy bandwidth dashed.
+
+    Returns the matplotlib figure; saves it to ``path`` if given.
+    """
     import matplotlib.pyplot as plt
 
-    res = [r for r in data["results"] if r["dtype"] == dtype and r["M"] == M]
-    panels = sorted({(r["op"], r["mode"]) for r in res if r["provider"] != "copy"})
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), sharey=True, squeeze=False)
+    res = [r for r in data["results"] if r["dtype"] == dtype]
+    if M is None:
+        measured = sorted({r["M"] for r in res})
+        M = 16384 if 16384 in measured else measured[0]
+    res = [r for r in res if r["M"] == M]
+    ops = [op for op in OPS if any(r["op"] == op for r in res)]
+    fig, axes = plt.subplots(len(ops), len(MODES), figsize=(3.3 * len(MODES), 2.6 * len(ops)), sharex=True, squeeze=False)
     copy = sorted((r["N"], r["gbps"]) for r in res if r["provider"] == "copy")
-    for ax, (op, mode) in zip(axes[0], panels):
-        for prov in PROVIDERS:
-            pts = sorted((r["N"], r["gbps"]) for r in res if (r["op"], r["mode"], r["provider"]) == (op, mode, prov))
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=prov)
-        ax.plot(*zip(*copy), "k--", label="copy")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{op} {mode}", fontsize=9)
-        ax.set_xlabel("N")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("GB/s")
-    axes[0][-1].legend(frameon=False, fontsize=8)
+    for i, op in enumerate(ops):
+        for j, mode in enumerate(MODES):
+            ax = axes[i][j]
+            for prov in PROVIDERS:
+                pts = sorted((r["N"], r["gbps"]) for r in res if (r["op"], r["mode"], r["provider"]) == (op, mode, prov))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, label=prov)
+            if copy:
+                ax.plot(*zip(*copy), "k--", label="copy")
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{op} {mode}", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel("GB/s")
+    for ax in axes[-1]:
+        ax.set_xlabel("N (row width)")
+    axes[0][-1].legend(frameon=False, fontsize=7)
     env = data["environment"]
     fig.suptitle(f"{dtype}, M={M}: {env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def _write_json(data: dict, path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
 
 
 def main(argv=None) -> int:
+    """The command line: ``python -m normlib.benchmark --help``."""
     parser = argparse.ArgumentParser(prog="python -m normlib.benchmark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
     parser.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS))
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
     parser.add_argument("--out", default="benchmark.json", help="where to write the JSON record")
+    parser.add_argument("--resume", action="store_true", help="add to --out what it lacks (same device and versions)")
     parser.add_argument("--plot", default=None, help="also draw GB/s against N into this PNG")
     args = parser.parse_args(argv)
     from normlib import ops
@@ -239,15 +401,28 @@ def main(argv=None) -> int:
     if not ops.HAS_TRITON:
         print("normlib.benchmark: Triton is not installed (pip install 'normlib[triton]').", file=sys.stderr)
         return 2
-    data = run(args.dtype, rows=args.rows, widths=args.widths)
-    data["summary"] = {d: ratios(data, d) for d in args.dtype}
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=1)
+    previous = None
+    if args.resume and os.path.exists(args.out):
+        with open(args.out) as f:
+            previous = json.load(f)
+    try:
+        data = run(
+            args.dtype, rows=args.rows, widths=args.widths, ops=args.ops, providers=args.providers,
+            previous=previous, save=lambda d: _write_json(d, args.out),
+        )
+    except ValueError as err:
+        print(f"normlib.benchmark: {err}", file=sys.stderr)
+        return 2
+    data["summary"] = {d: ratios(data, d) for d in sorted({r["dtype"] for r in data["results"]})}
+    _write_json(data, args.out)
     print(f"wrote {args.out}")
     if args.plot:
-        plot(data, args.plot, dtype=args.dtype[0], M=16384 if 16384 in args.rows else args.rows[0])
+        import matplotlib
+
+        matplotlib.use("Agg")
+        plot(data, args.plot, dtype=args.dtype[0])
         print(f"wrote {args.plot}")
-    print(json.dumps(data["summary"], indent=1))
+    print(report(data, args.dtype[0]))
     return 0
 
 

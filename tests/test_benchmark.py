@@ -1,20 +1,33 @@
-"""The benchmark's bookkeeping; the measurements themselves need a GPU."""
+"""The benchmark's bookkeeping and machinery; its measurements need a GPU.
 
+The machinery is exercised end to end on CPU (kernels through the Triton
+interpreter, a wall-clock timer, tiny shapes): every record it must produce,
+resuming, the summary, the targets, the report and the plot. Those CPU
+timings are thrown away; the command line refuses to run without a GPU.
+"""
+
+import json
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from normlib import benchmark
+from normlib import benchmark, ops
 
 
 def test_bytes_model():
     assert benchmark.bytes_moved("layer_norm", "fwd", 4096, 1024, 2) == 2 * 4096 * 1024 * 2
     assert benchmark.bytes_moved("add_rms_norm", "fwd", 10, 10, 4) == 4 * 100 * 4
+    assert benchmark.bytes_moved("rms_norm", "bwd", 10, 10, 2) == 3 * 100 * 2
+    assert benchmark.bytes_moved("add_rms_norm", "bwd", 10, 10, 2) == 5 * 100 * 2
     assert benchmark.bytes_moved("rms_norm", "fwd+bwd", 10, 10, 2) == 5 * 100 * 2
     assert benchmark.bytes_moved("add_rms_norm", "fwd+bwd", 10, 10, 2) == 9 * 100 * 2
     assert benchmark.bytes_moved("", "copy", 10, 10, 2) == 2 * 100 * 2
+    for op in benchmark.OPS:  # forward + backward moves what the two move apart
+        fwd, bwd, both = (benchmark.bytes_moved(op, m, 3, 5, 2) for m in benchmark.MODES)
+        assert fwd + bwd == both
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
@@ -26,15 +39,95 @@ def test_refuses_to_run_without_a_gpu(tmp_path):
     assert not out.exists()
 
 
-def test_ratios_arithmetic():
-    # bookkeeping only: hand-made records, not measurements
+def _records(shapes, times):
+    """Hand-made records (bookkeeping only, not measurements): times[(op, mode, provider)] in ms."""
     recs = []
-    for M, N in ((8192, 4096), (4096, 1024)):
+    for M, N in shapes:
         recs.append(dict(op="copy", mode="copy", provider="copy", dtype="bf16", M=M, N=N, ms=1.0, gbps=100.0))
-        for prov, ms in (("normlib", 1.0), ("torch", 2.0), ("torch.compile", 1.5)):
-            recs.append(dict(op="rms_norm", mode="fwd", provider=prov, dtype="bf16", M=M, N=N, ms=ms, gbps=90.0 / ms))
-    r = benchmark.ratios({"results": recs})["rms_norm fwd"]
-    assert r["median_of_copy_bandwidth_MN_ge_2^25"] == pytest.approx(0.9)
+        for (op, mode, prov), ms in times.items():
+            recs.append(dict(op=op, mode=mode, provider=prov, dtype="bf16", M=M, N=N, ms=ms, gbps=90.0 / ms))
+    return {"environment": {"device": "x", "driver": "x", "cuda": "x", "torch": "x", "triton": "x", "date": "2026"}, "results": recs}
+
+
+def test_ratios_arithmetic():
+    times = {("rms_norm", "fwd", p): ms for p, ms in (("normlib", 1.0), ("torch", 2.0), ("torch.compile", 1.5))}
+    r = benchmark.ratios(_records([(8192, 4096), (4096, 1024)], times))["rms_norm fwd"]
+    assert r["median_of_copy_bandwidth_MN_ge_2^25"] == pytest.approx(0.9)  # only 8192 x 4096 counts
+    assert r["median_of_copy_bandwidth_N_le_8K_M_ge_16K"] is None  # no such shape measured
     assert r["min_of_copy_bandwidth"] == pytest.approx(0.9)
     assert r["speedup_vs_torch"] == pytest.approx(2.0)
     assert r["speedup_vs_torch.compile"] == pytest.approx(1.5)
+
+
+def test_targets_are_judged_from_the_ratios():
+    times = {}
+    for op in benchmark.OPS:
+        for mode in benchmark.MODES:
+            times[(op, mode, "normlib")] = 1.0
+            times[(op, mode, "torch")] = 1.4  # fwd 1.4x passes 1.3x; bwd 1.4x fails 1.5x
+            times[(op, mode, "torch.compile")] = 0.9  # normlib slower than compile: fails parity
+    rows = benchmark.targets(_records([(16384, 4096)], times))
+    by = {(t["op_mode"], t["target"]): t for t in rows}
+    fwd_share = by[("rms_norm fwd", "forward, share of copy bandwidth (median, M*N >= 2^25)")]
+    assert fwd_share["value"] == pytest.approx(0.9) and fwd_share["met"] is True
+    assert by[("layer_norm bwd", "backward, share of copy bandwidth (median, N <= 8K, M >= 16K)")]["met"] is True
+    assert by[("layer_norm fwd", "forward, speed-up over torch eager")]["met"] is True
+    assert by[("layer_norm bwd", "backward, speed-up over torch eager")]["met"] is False
+    assert by[("add_rms_norm fwd+bwd", "forward+backward, speed-up over torch eager")]["met"] is False
+    assert all(t["met"] is False for t in rows if t["target"] == "speed-up over torch.compile")
+    text = benchmark.report(_records([(16384, 4096)], times))
+    assert "NO" in text and "yes" in text
+
+
+@pytest.mark.interpreter
+@pytest.mark.skipif(not ops.HAS_TRITON or os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+def test_machinery_end_to_end_on_cpu(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    monkeypatch.setattr(benchmark, "COMPILE_BACKEND", "aot_eager")
+    saved = []
+    kw = dict(device="cpu", timer=benchmark.wall_timer, log=lambda line: None)
+    first = benchmark.run(["fp32"], rows=[3], widths=[16, 40], save=lambda d: saved.append(len(d["results"])), **kw)
+    # per shape: the copy, then 3 ops x 3 providers x 3 modes
+    assert saved == [28, 56]
+    assert {(r["op"], r["mode"], r["provider"]) for r in first["results"]} >= {("add_rms_norm", "bwd", "torch.compile"), ("copy", "copy", "copy")}
+    assert all(r["ms"] > 0 and r["gbps"] > 0 for r in first["results"])
+    assert first["environment"]["device"].startswith("cpu") and first["runs"] == [first["environment"]["date"]]
+
+    # resuming measures only what is missing, and keeps the first environment
+    partial = dict(first, results=[r for r in first["results"] if not (r["N"] == 40 and r["op"] == "rms_norm")])
+    lines = []
+    second = benchmark.run(["fp32"], rows=[3], widths=[16, 40], previous=partial, **dict(kw, log=lines.append))
+    assert len(lines) == 9 and all(" rms_norm " in line and "N=    40" in line for line in lines)
+    assert len(second["results"]) == 56 and len(second["runs"]) == 2
+    assert second["environment"] == first["environment"]
+    with pytest.raises(ValueError, match="another environment: device"):
+        benchmark.run(["fp32"], rows=[3], widths=[16], previous=dict(first, environment=dict(first["environment"], device="other")), **kw)
+
+    path = tmp_path / "b.json"
+    benchmark._write_json(second, str(path))
+    data = json.loads(path.read_text())
+    assert len(benchmark.targets(data, "fp32")) == 5 * 3 + 1 + 9
+    assert "measured on cpu" in benchmark.report(data, "fp32")
+    fig = benchmark.plot(data, str(tmp_path / "b.png"), dtype="fp32")
+    assert len(fig.axes) == 9 and (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_each_mode_times_what_it_says():
+    steps = []
+
+    def spy_timer(fn, grad_to_none=None):
+        leaves = grad_to_none or ()
+        for t in leaves:
+            t.grad = None
+        fn()
+        steps.append((torch.is_grad_enabled(), [t.grad is not None for t in leaves]))
+        return 1.0
+
+    fn = benchmark._provider_fn("torch", "add_rms_norm")
+    ms = benchmark.measure_op(fn, benchmark.MODES, 4, 8, torch.float32, "cpu", spy_timer)
+    assert ms == {"fwd": 1.0, "bwd": 1.0, "fwd+bwd": 1.0}
+    assert steps[0] == (False, [])  # forward: without autograd
+    assert steps[1] == (True, [True, True, True, False])  # backward alone: x, residual, weight (no bias in RMSNorm)
+    assert steps[2] == (True, [True, True, True, False])  # forward + backward: the same
