@@ -14,11 +14,12 @@ MATHJAX := _assets/mathjax/tex-mml-chtml.js
 MATHJAX_SRC := node_modules/mathjax/es5
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=120
 
-.PHONY: help install book test test-lib test-notebooks test-site notebooks clean
+.PHONY: help install book test test-lib test-notebooks test-site test-cuda notebooks clean
 
 help:
 	@echo "make book       build the book into _build/html (sets up $(VENV) first)"
 	@echo "make test       run every test (sets up $(VENV) first)"
+	@echo "make test-cuda  on a CUDA machine: the compiled kernels at realistic shapes"
 	@echo "make notebooks  re-execute the chapters in place, storing fresh outputs"
 	@echo "make clean      remove _build"
 
@@ -63,6 +64,10 @@ endif
 # Without them the checks are skipped with a message; CI sets NORMLIB_REQUIRE_BROWSER=1.
 test-site: book
 	NORMLIB_SITE_DIR=_build/html $(BIN)/python -m pytest tests/test_site.py -rs
+
+# The compiled kernels on a GPU (skipped without one); not part of CI, which has none.
+test-cuda: $(STAMP)
+	TRITON_INTERPRET=0 $(BIN)/python -m pytest tests/test_ops_cuda.py tests/test_fused_api.py -n 0
 
 notebooks: $(STAMP)
 	$(BIN)/python book/_tools/execute_notebooks.py $(NOTEBOOKS)
