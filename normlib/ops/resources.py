@@ -1,0 +1,108 @@
+"""Compile normlib's kernels for a GPU that need not be here, and read ptxas's resource report.
+
+Triton compiles ahead of time without a device: its compiler lowers a kernel
+to PTX for a chosen target and its bundled ``ptxas`` assembles that PTX and
+reports registers and spills per thread. This catches what the interpreter
+cannot (the kernels must pass Triton's type checks and code generation for a
+real GPU), and shows the register pressure of the launcher's configurations.
+
+Run it with the interpreter off (it refuses otherwise: the interpreter
+replaces the kernels with Python functions)::
+
+    TRITON_INTERPRET=0 python -m normlib.ops.resources --arch 90 bf16:fp32:layer:1024 ...
+
+Each spec is ``dtype:residual_dtype:kind:N`` (``none`` for no residual); with
+no spec it reports bf16 LayerNorm with an fp32 residual (the widest register
+set) at N = 1024 ... 32768. It prints a table, or with ``--json`` one JSON
+object per spec and kernel.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+_PTR = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16", "fp64": "*fp64"}
+
+
+def _fwd(dt, rdt, kind):
+    p, r, acc = _PTR[dt], _PTR[rdt or dt], "*fp64" if dt == "fp64" else "*fp32"
+    sig = {"X": p, "R": r, "W": p, "B": p, "Y": p, "RES_OUT": r, "MEAN": acc, "RSTD": acc,
+           "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_ro": "i32", "N": "i32", "eps": "fp32"}
+    flags = dict(IS_RMS=kind == "rms", HAS_RES=rdt is not None, HAS_W=True, HAS_B=kind == "layer", ACC_FP64=dt == "fp64")
+    return sig, flags
+
+
+def _bwd(dt, rdt, kind):
+    p, r, acc = _PTR[dt], _PTR[rdt or dt], "*fp64" if dt == "fp64" else "*fp32"
+    sig = {"X": r, "W": p, "DY": p, "DRES": r, "DX": p, "DRES_IN": r, "DW": acc, "DB": acc, "MEAN": acc, "RSTD": acc,
+           "stride_x": "i32", "stride_dy": "i32", "stride_dres": "i32", "stride_dx": "i32", "stride_dres_in": "i32",
+           "M": "i32", "N": "i32", "rows_per_program": "i32"}
+    flags = dict(IS_RMS=kind == "rms", HAS_W=True, HAS_B=kind == "layer", HAS_DRES=rdt is not None,
+                 SPLIT_DRES=rdt is not None, ACC_FP64=dt == "fp64")
+    return sig, flags
+
+
+def resources(arch: int, spec: str) -> list[dict]:
+    """Compile the forward and backward kernels for ``spec`` as the launcher would; registers and spills."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from normlib.ops import _kernels as K
+
+    dt, rdt, kind, n = spec.split(":")
+    rdt = None if rdt == "none" else rdt
+    block_n, num_warps = K._launch_config(int(n))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    out = []
+    for name, kernel, (sig, flags) in (("fwd", K._norm_fwd_kernel, _fwd(dt, rdt, kind)), ("bwd", K._norm_bwd_kernel, _bwd(dt, rdt, kind))):
+        consts = dict(flags, BLOCK_N=block_n)
+        src = ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+        with tempfile.TemporaryDirectory() as tmp:
+            ptx = os.path.join(tmp, "k.ptx")
+            with open(ptx, "w") as f:
+                f.write(compiled.asm["ptx"])
+            arch_flag = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+            report = subprocess.run([ptxas, f"-arch={arch_flag}", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                                    capture_output=True, text=True, check=True).stderr
+        out.append(dict(
+            spec=spec, kernel=name, block_n=block_n, num_warps=num_warps,
+            registers=int(re.search(r"Used (\d+) registers", report).group(1)),
+            spill_bytes=sum(int(b) for b in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
+        ))
+    return out
+
+
+DEFAULT_SPECS = [f"bf16:fp32:layer:{n}" for n in (1024, 2048, 4096, 8192, 16384, 32768)]
+
+
+def main(argv=None) -> int:
+    """The command line: ``python -m normlib.ops.resources --help``."""
+    parser = argparse.ArgumentParser(prog="python -m normlib.ops.resources", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100, 80 for A100")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("specs", nargs="*", default=DEFAULT_SPECS, help="dtype:residual_dtype:kind:N")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("normlib.ops.resources: run with TRITON_INTERPRET=0; the interpreter replaces the kernels "
+              "with Python functions", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(f"{'dtype:residual:kind:N':24s} {'kernel':6s} {'BLOCK_N':>7s} {'warps':>5s} {'registers':>9s} {'spill B':>7s}")
+    for spec in args.specs:
+        for row in resources(args.arch, spec):
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"{row['spec']:24s} {row['kernel']:6s} {row['block_n']:7d} {row['num_warps']:5d} "
+                      f"{row['registers']:9d} {row['spill_bytes']:7d}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
