@@ -72,6 +72,10 @@ def test_fused_api_rejects_bad_input():
         ops.add_rms_norm(x, x, None, -1.0)
     with pytest.raises(ValueError, match="at least one dimension"):
         ops.layer_norm(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"weight must be on the input's device cpu \(got meta\)"):
+        ops.layer_norm(x, torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match=r"residual must be on the input's device cpu \(got meta\)"):
+        ops.add_rms_norm(x, torch.empty(3, 8, device="meta"))
 
 
 def test_torch_compile_fullgraph():

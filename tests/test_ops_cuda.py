@@ -113,3 +113,11 @@ def test_more_than_2_to_the_31_elements():
     xt = x[tail].detach().double().requires_grad_()
     torch.nn.functional.layer_norm(xt, (N,), w.double(), b.double()).backward(dy[tail].double())
     torch.testing.assert_close(xl.grad[tail].double(), xt.grad, rtol=2e-2, atol=5e-2)
+
+
+def test_parameters_on_another_device_are_refused():
+    x = torch.randn(4, 64, device="cuda")
+    with pytest.raises(ValueError, match="weight must be on the input's device cuda:0 \\(got cpu\\)"):
+        ops.layer_norm(x, torch.ones(64))
+    with pytest.raises(ValueError, match="weight must be on the input's device"):
+        nl.RMSNorm(64)(x)  # a module left on the CPU

@@ -111,6 +111,10 @@ def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias
             raise ValueError(f"residual must have the shape of input {list(x.shape)} (got {list(residual.shape)})")
     check_param(weight, "weight", (N,))
     check_param(bias, "bias", (N,))
+    for name, t in (("residual", residual), ("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            # the kernels would be handed a pointer they cannot read
+            raise ValueError(f"{name} must be on the input's device {x.device} (got {t.device})")
     return check_eps(eps)
 
 
