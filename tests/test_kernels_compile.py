@@ -10,12 +10,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from normlib import ops
-
+from normlib.ops.resources import ptxas_path
 
 
 def _compile(*specs):
@@ -26,17 +24,7 @@ def _compile(*specs):
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
-def _have_compiler():
-    if not ops.HAS_TRITON:
-        return False
-    import importlib.util
-
-    spec = importlib.util.find_spec("triton")
-    root = Path(spec.origin).parent
-    return (root / "backends" / "nvidia" / "bin" / "ptxas").exists()
-
-
-pytestmark = pytest.mark.skipif(not _have_compiler(), reason="needs Triton with its NVIDIA backend (ptxas)")
+pytestmark = pytest.mark.skipif(ptxas_path() is None, reason="needs Triton with its NVIDIA backend (ptxas)")
 
 # (dtype, residual dtype, kind, N): every dtype, both kinds, with and without a
 # residual, and the widths where the launcher's warp count changes.

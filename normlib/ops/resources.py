@@ -18,18 +18,34 @@ object per spec and kernel.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 
 _PTR = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16", "fp64": "*fp64"}
 
 
+def ptxas_path() -> Optional[str]:
+    """The ``ptxas`` that Triton's NVIDIA backend ships, or ``None`` where it has none."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "ptxas")
+    return path if os.path.exists(path) else None
+
+
+def _pointers(dt, rdt):
+    """Pointer types of the input, the residual and the fp32/fp64 statistics."""
+    return _PTR[dt], _PTR[rdt or dt], "*fp64" if dt == "fp64" else "*fp32"
+
+
 def _fwd(dt, rdt, kind):
-    p, r, acc = _PTR[dt], _PTR[rdt or dt], "*fp64" if dt == "fp64" else "*fp32"
+    p, r, acc = _pointers(dt, rdt)
     sig = {"X": p, "R": r, "W": p, "B": p, "Y": p, "RES_OUT": r, "MEAN": acc, "RSTD": acc,
            "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_ro": "i32", "N": "i32", "eps": "fp32"}
     flags = dict(IS_RMS=kind == "rms", HAS_RES=rdt is not None, HAS_W=True, HAS_B=kind == "layer", ACC_FP64=dt == "fp64")
@@ -37,7 +53,7 @@ def _fwd(dt, rdt, kind):
 
 
 def _bwd(dt, rdt, kind):
-    p, r, acc = _PTR[dt], _PTR[rdt or dt], "*fp64" if dt == "fp64" else "*fp32"
+    p, r, acc = _pointers(dt, rdt)
     sig = {"X": r, "W": p, "DY": p, "DRES": r, "DX": p, "DRES_IN": r, "DW": acc, "DB": acc, "MEAN": acc, "RSTD": acc,
            "stride_x": "i32", "stride_dy": "i32", "stride_dres": "i32", "stride_dx": "i32", "stride_dres_in": "i32",
            "M": "i32", "N": "i32", "rows_per_program": "i32"}
@@ -57,7 +73,9 @@ def resources(arch: int, spec: str) -> list[dict]:
     dt, rdt, kind, n = spec.split(":")
     rdt = None if rdt == "none" else rdt
     block_n, num_warps = K._launch_config(int(n))
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = ptxas_path()
+    if ptxas is None:
+        raise RuntimeError("Triton's NVIDIA backend (with its ptxas) is not installed")
     out = []
     for name, kernel, (sig, flags) in (("fwd", K._norm_fwd_kernel, _fwd(dt, rdt, kind)), ("bwd", K._norm_bwd_kernel, _bwd(dt, rdt, kind))):
         consts = dict(flags, BLOCK_N=block_n)
