@@ -56,4 +56,32 @@ def test_refuses_under_the_interpreter():
 def test_widest_rows_compile():
     # 64 KiB rows (the kernels' limit) compile; they may spill, which the benchmark will show.
     rows = _compile("bf16:fp32:layer:32768", "fp32:none:rms:16384")
-    assert len(rows) == 4 and all(r["num_warps"] == 32 for r in rows)
+    assert [(r["kernel"], r["num_warps"]) for r in rows] == [("fwd", 32), ("bwd", 16), ("fwd", 16), ("bwd", 16)]
+
+
+# Shared memory a block may use on an H100 (227 KiB); more and the launch fails with OutOfResources.
+H100_SHARED_LIMIT = 232448
+
+
+@pytest.mark.parametrize("dtype,kind", [("bf16", "rms"), ("fp32", "rms"), ("bf16", "layer"), ("fp16", "rms")])
+def test_every_default_launch_fits_in_shared_memory(dtype, kind):
+    """The widest rows the kernels take (64 KiB) and the pipelined RMSNorm backward fit an H100's shared memory.
+
+    A pipelined backward holds its stages of x and dy in shared memory; three
+    stages of 16384 lanes needed 257-393 KB and failed to launch on an H100.
+    """
+    widest = 32768 if dtype in ("bf16", "fp16") else 16384
+    specs = [f"{dtype}:none:{kind}:{n}" for n in (4096, 8192, 16384, widest) if n <= widest]
+    specs.append(f"{dtype}:fp32:{kind}:{widest // 2}")
+    for r in _compile(*sorted(set(specs))):
+        assert r["shared_bytes"] <= H100_SHARED_LIMIT, r
+
+
+def test_the_check_catches_the_launch_that_failed_on_an_h100():
+    """Three pipeline stages of float32 16384-lane rows: ptxas's figure is the one the H100 refused (262216 B)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    code = ("from normlib.ops.resources import resources; "
+            "print(resources(90, 'fp32:none:rms:16384', bwd={'num_stages': 3})[1]['shared_bytes'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.strip()) > H100_SHARED_LIMIT

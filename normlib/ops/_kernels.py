@@ -19,12 +19,20 @@ This module imports Triton; import it only through :mod:`normlib.ops`.
 
 from __future__ import annotations
 
+import functools
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 # Largest row handled in one pass: 64 KiB of input per row.
 MAX_ROW_BYTES = 64 * 1024
+
+
+@triton.jit
+def _add_pair(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
 
 
 @triton.jit
@@ -41,6 +49,7 @@ def _norm_fwd_kernel(
     stride_r,
     stride_y,
     stride_ro,
+    M,  # number of rows
     N,  # number of columns
     eps,
     IS_RMS: tl.constexpr,
@@ -49,36 +58,53 @@ def _norm_fwd_kernel(
     HAS_B: tl.constexpr,
     ACC_FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,  # rows per program: a (ROWS, BLOCK_N) tile
+    W_PLUS_ONE: tl.constexpr = False,  # scale by 1 + γ (Gemma) instead of γ
+    ROUND_XHAT: tl.constexpr = 0,  # round x̂ before scaling: 0 no, 1 to X's dtype (Llama), 2 to W's (T5)
 ):
     acc_dtype = tl.float64 if ACC_FP64 else tl.float32
-    row = tl.program_id(0).to(tl.int64)  # int64 offsets: M * N may exceed 2**31
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(acc_dtype)
+    # int64 offsets: M * N may exceed 2**31
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # (ROWS,)
+    cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < N)[None, :]  # (ROWS, BLOCK_N)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(acc_dtype)
     if HAS_RES:
-        r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
         s = (x + r.to(acc_dtype)).to(r.dtype)  # round the sum to the residual's dtype ...
-        tl.store(RES_OUT + row * stride_ro + cols, s, mask=mask)
+        tl.store(RES_OUT + rows[:, None] * stride_ro + cols[None, :], s, mask=mask)
         x = s.to(acc_dtype)  # ... and normalize exactly the value that was stored
     if IS_RMS:
         xc = x
     else:
         # Two passes over registers, shifted by the row's first element x0 so
         # that rows far from zero keep their digits (and constant rows give xc = 0).
-        x0 = tl.sum(tl.where(cols == 0, x, 0.0), axis=0)
-        d = tl.where(mask, x - x0, 0.0)
-        mean_d = tl.sum(d, axis=0) / N
-        xc = tl.where(mask, d - mean_d, 0.0)  # masked lanes must not enter the variance
-        tl.store(MEAN + row, mean_d)
-    var = tl.sum(xc * xc, axis=0) / N
+        # x0 is loaded on its own (a cached load, not a reduction), and rounded
+        # exactly as the stored residual sum was.
+        x0 = tl.load(X + rows * stride_x, mask=row_ok, other=0.0).to(acc_dtype)  # (ROWS,)
+        if HAS_RES:
+            r0 = tl.load(R + rows * stride_r, mask=row_ok, other=0.0)
+            x0 = (x0 + r0.to(acc_dtype)).to(r0.dtype).to(acc_dtype)
+        d = tl.where(mask, x - x0[:, None], 0.0)
+        mean_d = tl.sum(d, axis=1) / N  # (ROWS,)
+        xc = tl.where(mask, d - mean_d[:, None], 0.0)  # masked lanes must not enter the variance
+        tl.store(MEAN + rows, mean_d, mask=row_ok)
+    var = tl.sum(xc * xc, axis=1) / N  # (ROWS,)
     rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(RSTD + row, rstd)
-    y = xc * rstd
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+    y = xc * rstd[:, None]
+    if ROUND_XHAT == 1:
+        y = y.to(X.dtype.element_ty).to(acc_dtype)
+    if ROUND_XHAT == 2:
+        y = y.to(W.dtype.element_ty).to(acc_dtype)
     if HAS_W:
-        y = y * tl.load(W + cols, mask=mask, other=0.0).to(acc_dtype)
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(acc_dtype)
+        if W_PLUS_ONE:
+            w = w + 1.0
+        y = y * w[None, :]
     if HAS_B:
-        y = y + tl.load(B + cols, mask=mask, other=0.0).to(acc_dtype)
-    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+        y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(acc_dtype)[None, :]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -89,8 +115,7 @@ def _norm_bwd_kernel(
     DRES,  # (M, N) gradient of residual_out (unused unless HAS_DRES)
     DX,  # (M, N) output: gradient of x (and of the residual)
     DRES_IN,  # (M, N) output: gradient of the residual, in its dtype (if SPLIT_DRES)
-    DW,  # (P, N) fp32/fp64 partial sums of dweight, a row per program (if HAS_W)
-    DB,  # (P, N) fp32/fp64 partial sums of dbias, a row per program (if HAS_B)
+    PARTS,  # (2, P, N) fp32/fp64 partial sums, a row per program: [0] of dweight, [1] of dbias
     MEAN,  # (M,) row mean minus the row's first element (unused when IS_RMS)
     RSTD,  # (M,) reciprocal standard deviations
     stride_x,
@@ -108,70 +133,209 @@ def _norm_bwd_kernel(
     SPLIT_DRES: tl.constexpr,
     ACC_FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,  # rows per loop iteration: a (ROWS, BLOCK_N) tile
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop
+    W_PLUS_ONE: tl.constexpr = False,  # the forward scaled by 1 + γ
+    ROUND_XHAT: tl.constexpr = 0,  # the forward rounded x̂ (1: to X's input dtype XDT, 2: to W's dtype)
+    XDT: tl.constexpr = tl.float32,  # the forward input's dtype, for ROUND_XHAT == 1 (X holds residual_out or x)
 ):
     acc_dtype = tl.float64 if ACC_FP64 else tl.float32
     pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
+    cols = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    col_ok = cols < N
     if HAS_W:
-        w = tl.load(W + cols, mask=mask, other=0.0).to(acc_dtype)
-    dw = tl.zeros((BLOCK_N,), dtype=acc_dtype)
-    db = tl.zeros((BLOCK_N,), dtype=acc_dtype)
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(acc_dtype)[None, :]  # (1, BLOCK_N)
+        if W_PLUS_ONE:
+            w = w + 1.0
+    dw = tl.zeros((ROWS, BLOCK_N), dtype=acc_dtype)
+    db = tl.zeros((ROWS, BLOCK_N), dtype=acc_dtype)
     row_start = pid.to(tl.int64) * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, M)
-    for row in range(row_start, row_end):
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(acc_dtype)
-        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(acc_dtype)
-        rstd = tl.load(RSTD + row)
+    for row0 in tl.range(row_start, row_end, ROWS, num_stages=NUM_STAGES):
+        rows = row0 + tl.arange(0, ROWS)  # (ROWS,)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]  # (ROWS, BLOCK_N)
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(acc_dtype)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(acc_dtype)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)[:, None]  # (ROWS, 1)
         if IS_RMS:
             xhat = x * rstd
         else:
-            x0 = tl.sum(tl.where(cols == 0, x, 0.0), axis=0)
-            xhat = tl.where(mask, ((x - x0) - tl.load(MEAN + row)) * rstd, 0.0)
+            x0 = tl.load(X + rows * stride_x, mask=row_ok, other=0.0).to(acc_dtype)[:, None]
+            mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)[:, None]
+            xhat = tl.where(mask, ((x - x0) - mean) * rstd, 0.0)
         if HAS_W:
-            wdy = w * dy
-            dw += dy * xhat
+            wdy = w * dy  # ĝ = γ ⊙ dy
+            if ROUND_XHAT == 1:
+                dw += dy * xhat.to(XDT).to(acc_dtype)  # γ multiplied the rounded x̂
+            elif ROUND_XHAT == 2:
+                dw += dy * xhat.to(W.dtype.element_ty).to(acc_dtype)
+            else:
+                dw += dy * xhat
         else:
             wdy = dy
         if HAS_B:
             db += dy
-        c1 = tl.sum(xhat * wdy, axis=0) / N
         if IS_RMS:
+            c1 = (tl.sum(xhat * wdy, axis=1) / N)[:, None]  # mean(ĝ ⊙ x̂)
             dx = (wdy - xhat * c1) * rstd
         else:
-            c2 = tl.sum(wdy, axis=0) / N
+            # both row sums in one reduction (one exchange between warps, not two)
+            s1, s2 = tl.reduce((xhat * wdy, wdy), 1, _add_pair)
+            c1 = (s1 / N)[:, None]  # mean(ĝ ⊙ x̂)
+            c2 = (s2 / N)[:, None]  # mean(ĝ)
             dx = (wdy - (xhat * c1 + c2)) * rstd
         if HAS_DRES:
-            dres = tl.load(DRES + row * stride_dres + cols, mask=mask, other=0.0)
+            dres = tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0)
             dx += dres.to(acc_dtype)
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if SPLIT_DRES:
             dres_in = dx.to(DRES_IN.dtype.element_ty)
-            tl.store(DRES_IN + row * stride_dres_in + cols, dres_in, mask=mask)
+            tl.store(DRES_IN + rows[:, None] * stride_dres_in + cols[None, :], dres_in, mask=mask)
     if HAS_W:
-        tl.store(DW + pid * N + cols, dw, mask=mask)
+        tl.store(PARTS + pid * N + cols, tl.sum(dw, axis=0), mask=col_ok)
     if HAS_B:
-        tl.store(DB + pid * N + cols, db, mask=mask)
+        tl.store(PARTS + (tl.num_programs(0) + pid) * N + cols, tl.sum(db, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _col_sum_kernel(
+    PARTS,  # (2, P, N) fp32/fp64 partial sums: [0] of dweight, [1] of dbias
+    DW,  # (N,) dweight, in the weight's dtype (unused unless HAS_W)
+    DB,  # (N,) dbias, in the bias's dtype (unused unless HAS_B)
+    P,
+    N,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ACC_FP64: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Add the backward pass's per-program partial sums column by column, always in the same order."""
+    acc_dtype = tl.float64 if ACC_FP64 else tl.float32
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)  # (BLOCK_C,)
+    col_ok = cols < N
+    dw = tl.zeros((BLOCK_C,), dtype=acc_dtype)
+    db = tl.zeros((BLOCK_C,), dtype=acc_dtype)
+    for p0 in range(0, P, BLOCK_P):
+        progs = p0 + tl.arange(0, BLOCK_P)  # (BLOCK_P,)
+        mask = (progs < P)[:, None] & col_ok[None, :]  # (BLOCK_P, BLOCK_C)
+        offs = progs[:, None] * N + cols[None, :]  # (BLOCK_P, BLOCK_C)
+        if HAS_W:
+            dw += tl.sum(tl.load(PARTS + offs, mask=mask, other=0.0), axis=0)
+        if HAS_B:
+            db += tl.sum(tl.load(PARTS + P * N + offs, mask=mask, other=0.0), axis=0)
+    if HAS_W:
+        tl.store(DW + cols, dw.to(DW.dtype.element_ty), mask=col_ok)
+    if HAS_B:
+        tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=col_ok)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _launch_config(N: int) -> tuple[int, int]:
-    """BLOCK_N covers the row in one pass; one warp per 256 lanes, at most 32 warps.
+def _block_n(N: int) -> int:
+    return 1 << max(N - 1, 0).bit_length()  # the next power of two
 
-    Register pressure follows the number of lanes each thread holds (the
-    statistics and gradients are fp32 whatever the input dtype), so the warps
-    scale with BLOCK_N, not with bytes: eight lanes per thread up to
-    BLOCK_N = 8192. With that, ptxas reports no register spills for either
-    kernel on sm_90 up to N = 8192; wider rows spill some (the backward pass
-    keeps x, dy, w and two accumulators live — more than the register file holds).
-    ``tests/test_kernels_compile.py`` checks this.
+
+@functools.lru_cache(maxsize=None)
+def _fwd_default(N: int, element_size: int) -> tuple[int, int, int]:
+    block_n = _block_n(N)
+    # One warp per KiB of row, 4 to 16 warps (32 for 64 KiB rows, which spill anyway).
+    num_warps = min(16, max(4, block_n * element_size // 1024)) if block_n < 32768 else 32
+    rows = 4 if block_n <= 1024 else 1  # short rows: four per program
+    return block_n, num_warps, rows
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_default(N: int, element_size: int, is_rms: bool) -> tuple[int, int, int, int, int]:
+    block_n = _block_n(N)
+    # Register pressure follows the fp32 lanes each thread holds (x, dy, w and
+    # two accumulators), so the warps scale with BLOCK_N: eight lanes per thread,
+    # at most 16 warps from 16384 lanes on (32 warps spill more and ran slower).
+    num_warps = min(max(block_n // 256, 1), 32 if block_n <= 8192 else 16)
+    # Programs per SM (each walks a band of rows) and rows per loop iteration.
+    programs_per_sm, rows = {1: (4, 2), 2: (4, 1), 4: (2, 1), 8: (1, 1)}.get(min(block_n // 1024, 8) or 1, (2, 1))
+    if block_n > 8192:
+        programs_per_sm = 2
+    # RMSNorm's loop has one reduction per row: pipelining its loads paid at 4096 and 8192
+    # half-precision lanes (measured). The stages live in shared memory: 3 stages of 16384
+    # lanes, or of 8192 float32 lanes, exceed an H100's 227 KiB (ptxas refuses to launch).
+    num_stages = 3 if is_rms and block_n in (4096, 8192) and element_size <= 2 else 1
+    return block_n, num_warps, rows, programs_per_sm, num_stages
+
+
+def fwd_config(N: int, element_size: int, *, num_warps: Optional[int] = None, rows: Optional[int] = None) -> dict:
+    """The forward launch for rows of ``N`` elements of ``element_size`` bytes.
+
+    Returns ``block_n`` (the row padded to a power of two, held in registers),
+    ``num_warps`` and ``rows`` (rows per program). The defaults come from
+    timing the variants on an H100 (``python -m normlib.ops.tune``, CUDA-graph
+    replays): one warp per KiB of row, between 4 and 16 (32 warps at 16384
+    bf16 lanes ran at 0.6x of copy bandwidth where 16 ran at 0.94x), and four
+    rows per program for rows of up to 1024 lanes. Keyword arguments override them.
     """
-    block_n = triton.next_power_of_2(max(N, 1))
-    num_warps = min(max(block_n // 256, 1), 32)
-    return block_n, num_warps
+    block_n, warps, r = _fwd_default(N, element_size)
+    return dict(block_n=block_n, num_warps=num_warps or warps, rows=rows or r)
+
+
+def bwd_config(
+    N: int,
+    element_size: int,
+    is_rms: bool = False,
+    *,
+    num_warps: Optional[int] = None,
+    rows: Optional[int] = None,
+    programs_per_sm: Optional[int] = None,
+    num_stages: Optional[int] = None,
+) -> dict:
+    """The backward launch: ``block_n``, ``num_warps``, ``rows`` per loop iteration, programs per SM, pipelining.
+
+    Each program walks a band of rows, so the number of programs sets how many
+    rows are in flight. Measured best on an H100 (``python -m normlib.ops.tune``):
+    4 programs per SM with two rows per iteration up to 1024 lanes, 4 at 2048,
+    2 at 4096, 1 at 8192, 2 beyond; three pipeline stages for RMSNorm from
+    4096 lanes on. With eight lanes per thread ptxas reports no register
+    spills up to N = 8192 (``tests/test_kernels_compile.py``); wider rows
+    spill. Keyword arguments override.
+    """
+    block_n, warps, r, pps, stages = _bwd_default(N, element_size, is_rms)
+    return dict(
+        block_n=block_n,
+        num_warps=num_warps or warps,
+        rows=rows or r,
+        programs_per_sm=programs_per_sm or pps,
+        num_stages=num_stages or stages,
+    )
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # plain Python: triton.cdiv is a JIT function, ~15 us per call from Python
+
+
+def row_stride(t: torch.Tensor, N: int) -> Optional[int]:
+    """Distance in elements between consecutive rows of ``t`` seen as ``(numel // N, N)``.
+
+    ``None`` when the rows are not evenly spaced with unit column stride (the
+    caller then makes a contiguous copy). No view is created: the kernels
+    take the tensor's data pointer and this stride.
+    """
+    if t.is_contiguous():
+        return N
+    if t.stride(-1) != 1 and t.shape[-1] != 1:
+        return None
+    shape, strides = t.shape, t.stride()
+    rs = expect = None
+    for d in range(t.dim() - 2, -1, -1):
+        if shape[d] == 1:
+            continue
+        if rs is None:
+            rs = strides[d]
+        elif strides[d] != expect:
+            return None
+        expect = strides[d] * shape[d]
+    return N if rs is None else rs
 
 
 def _or(t, stand_in):
@@ -179,28 +343,41 @@ def _or(t, stand_in):
     return t if t is not None else stand_in
 
 
-def _stride0(t) -> int:
-    return t.stride(0) if t is not None else 0
+def _tl_dtype(dtype: torch.dtype):
+    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
+            torch.float64: tl.float64}[dtype]
 
 
-def norm_fwd(x, residual, weight, bias, eps, is_rms):
-    """Launch the forward kernel on 2-D ``x`` (M, N) with unit column stride.
+def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] = None, strides=None,
+             out_dtype=None, w_plus_one: bool = False, round_xhat: int = 0):
+    """Launch the forward kernel on ``x`` normalized over its last dimension (size ``N``).
 
-    Returns ``(y, residual_out, mean, rstd)``; ``residual_out`` is ``None``
-    without a residual, ``mean`` is ``None`` for RMSNorm.
+    ``x`` and ``residual`` may have any number of dimensions as long as their
+    rows are evenly spaced (``strides``: their row strides, from
+    :func:`row_stride`; computed here when not given). Returns
+    ``(y, residual_out, mean, rstd)`` with ``y`` and ``residual_out`` contiguous
+    in ``x``'s shape, ``mean``/``rstd`` of shape ``(M,)``; ``residual_out`` is
+    ``None`` without a residual, ``mean`` is ``None`` for RMSNorm. ``config``
+    overrides the launch heuristic (keys ``num_warps``, ``rows``), for tuning.
+    ``out_dtype`` (default ``x.dtype``), ``w_plus_one`` and ``round_xhat``
+    reproduce other libraries' rounding orders (see :mod:`normlib.interop`).
     """
-    M, N = x.shape
+    N = x.shape[-1]
+    M = x.numel() // N if N else 0
+    if strides is None:
+        strides = (row_stride(x, N), row_stride(residual, N) if residual is not None else 0)
+    sx, sr = strides
     acc = _acc_dtype(x.dtype)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     rstd = torch.empty((M,), dtype=acc, device=x.device)
     mean = None if is_rms else torch.empty((M,), dtype=acc, device=x.device)
     res_out = None
     if residual is not None:
-        res_out = torch.empty((M, N), dtype=residual.dtype, device=x.device)
+        res_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
     if M == 0:
         return y, res_out, mean, rstd
-    block_n, num_warps = _launch_config(N)
-    _norm_fwd_kernel[(M,)](
+    cfg = fwd_config(N, x.element_size(), **config) if config else fwd_config(N, x.element_size())
+    _norm_fwd_kernel[(_cdiv(M, cfg["rows"]),)](
         x,
         _or(residual, x),
         _or(weight, x),
@@ -209,10 +386,11 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms):
         _or(res_out, y),
         _or(mean, rstd),
         rstd,
-        x.stride(0),
-        _stride0(residual),
-        y.stride(0),
-        _stride0(res_out),
+        sx,
+        sr,
+        N,
+        N,
+        M,
         N,
         eps,
         IS_RMS=is_rms,
@@ -220,42 +398,53 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms):
         HAS_W=weight is not None,
         HAS_B=bias is not None,
         ACC_FP64=acc == torch.float64,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
+        BLOCK_N=cfg["block_n"],
+        ROWS=cfg["rows"],
+        W_PLUS_ONE=w_plus_one,
+        ROUND_XHAT=round_xhat,
+        num_warps=cfg["num_warps"],
     )
     return y, res_out, mean, rstd
 
 
-def _num_programs(M: int, device: torch.device) -> int:
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return max(1, min(M, 4 * sms))
-    return max(1, min(M, 4))  # the interpreter runs programs one at a time
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # the interpreter runs programs one at a time
 
 
-def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, residual_dtype):
+def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, residual_dtype, *,
+             config: Optional[dict] = None, strides=None, w_plus_one: bool = False, round_xhat: int = 0):
     """Launch the backward kernel.
 
     ``x`` is the normalized input (``residual_out`` when a residual was added);
-    ``dres`` the gradient of ``residual_out`` or ``None``. Returns
-    ``(dx, dresidual, dweight, dbias)``; ``dresidual`` is ``None`` without a
-    residual. It holds the same values as ``dx`` but is always its own tensor,
-    written by the same kernel: handing autograd one tensor as the gradient of
-    two inputs lets their ``.grad`` fields alias, and a later accumulation into
-    one would silently change the other.
+    ``dres`` the gradient of ``residual_out`` or ``None``; ``strides`` the row
+    strides of ``x``, ``dy`` and ``dres`` (computed when not given). Returns
+    ``(dx, dresidual, dweight, dbias)``, the first two contiguous in ``x``'s
+    shape; ``dresidual`` is ``None`` without a residual. It holds the same
+    values as ``dx`` but is always its own tensor, written by the same kernel:
+    handing autograd one tensor as the gradient of two inputs lets their
+    ``.grad`` fields alias, and a later accumulation into one would silently
+    change the other. ``config`` overrides the launch heuristic (keys
+    ``num_warps``, ``rows``, ``programs_per_sm``, ``num_stages``).
     """
-    M, N = x.shape
+    N = x.shape[-1]
+    M = x.numel() // N if N else 0
+    if strides is None:
+        strides = (row_stride(x, N), row_stride(dy, N), row_stride(dres, N) if dres is not None else 0)
+    sx, sdy, sdres = strides
     acc = _acc_dtype(x.dtype)
-    dx = torch.empty((M, N), dtype=x_dtype, device=x.device)
+    dx = torch.empty(x.shape, dtype=x_dtype, device=x.device)
     split = residual_dtype is not None
-    dres_in = torch.empty((M, N), dtype=residual_dtype, device=x.device) if split else None
-    P = _num_programs(M, x.device)
-    dw_part = torch.empty((P, N), dtype=acc, device=x.device) if weight is not None else None
+    dres_in = torch.empty(x.shape, dtype=residual_dtype, device=x.device) if split else None
+    cfg = bwd_config(N, x.element_size(), is_rms, **(config or {}))
+    P = max(1, min(_cdiv(M, cfg["rows"]), cfg["programs_per_sm"] * _sm_count(x.device)))
     has_bias = bias_dtype is not None
-    db_part = torch.empty((P, N), dtype=acc, device=x.device) if has_bias else None
+    # one buffer for both partial sums: (2, P, N), dweight's in [0], dbias's in [1]
+    parts = torch.empty((2, P, N), dtype=acc, device=x.device) if (weight is not None or has_bias) else None
     if M > 0:
-        block_n, num_warps = _launch_config(N)
-        rows_per_program = triton.cdiv(M, P)
+        rows_per_program = _cdiv(M, P)
         _norm_bwd_kernel[(P,)](
             x,
             _or(weight, x),
@@ -263,15 +452,14 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
             _or(dres, dy),
             dx,
             _or(dres_in, dx),
-            _or(dw_part, rstd),
-            _or(db_part, rstd),
+            _or(parts, rstd),
             _or(mean, rstd),
             rstd,
-            x.stride(0),
-            dy.stride(0),
-            _stride0(dres),
-            dx.stride(0),
-            _stride0(dres_in),
+            sx,
+            sdy,
+            sdres,
+            N,
+            N,
             M,
             N,
             rows_per_program,
@@ -281,14 +469,40 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
             HAS_DRES=dres is not None,
             SPLIT_DRES=split,
             ACC_FP64=acc == torch.float64,
-            BLOCK_N=block_n,
-            num_warps=num_warps,
+            BLOCK_N=cfg["block_n"],
+            ROWS=cfg["rows"],
+            NUM_STAGES=cfg["num_stages"],
+            W_PLUS_ONE=w_plus_one,
+            ROUND_XHAT=round_xhat,
+            XDT=_tl_dtype(x_dtype) if round_xhat == 1 else tl.float32,
+            num_warps=cfg["num_warps"],
         )
-    elif dw_part is not None or db_part is not None:
-        for part in (dw_part, db_part):
-            if part is not None:
-                part.zero_()
-    # Partial sums reduced in a fixed order: deterministic, no atomics.
-    dweight = dw_part.sum(0).to(weight.dtype) if weight is not None else None
-    dbias = db_part.sum(0).to(bias_dtype) if has_bias else None
+    dweight = torch.empty((N,), dtype=weight.dtype, device=x.device) if weight is not None else None
+    dbias = torch.empty((N,), dtype=bias_dtype, device=x.device) if has_bias else None
+    if parts is not None:
+        if M == 0:
+            for g in (dweight, dbias):
+                if g is not None:
+                    g.zero_()
+        else:
+            # Partial sums reduced in a fixed order: deterministic, no atomics.
+            _col_sum_kernel[(_cdiv(N, _COL_BLOCK),)](
+                parts,
+                _or(dweight, rstd),
+                _or(dbias, rstd),
+                P,
+                N,
+                HAS_W=dweight is not None,
+                HAS_B=dbias is not None,
+                ACC_FP64=acc == torch.float64,
+                BLOCK_P=32,
+                BLOCK_C=_COL_BLOCK,
+                num_warps=4,
+            )
     return dx, dres_in, dweight, dbias
+
+
+# Columns per program of the partial-sum reduction: small, so that even
+# N = 1024 gives 32 programs (with 256 it gave 4, and the reduction of many
+# partial sums took longer than the backward kernel itself).
+_COL_BLOCK = 32

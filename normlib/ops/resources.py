@@ -47,14 +47,15 @@ def _pointers(dt, rdt):
 def _fwd(dt, rdt, kind):
     p, r, acc = _pointers(dt, rdt)
     sig = {"X": p, "R": r, "W": p, "B": p, "Y": p, "RES_OUT": r, "MEAN": acc, "RSTD": acc,
-           "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_ro": "i32", "N": "i32", "eps": "fp32"}
+           "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_ro": "i32", "M": "i32", "N": "i32",
+           "eps": "fp32"}
     flags = dict(IS_RMS=kind == "rms", HAS_RES=rdt is not None, HAS_W=True, HAS_B=kind == "layer", ACC_FP64=dt == "fp64")
     return sig, flags
 
 
 def _bwd(dt, rdt, kind):
     p, r, acc = _pointers(dt, rdt)
-    sig = {"X": r, "W": p, "DY": p, "DRES": r, "DX": p, "DRES_IN": r, "DW": acc, "DB": acc, "MEAN": acc, "RSTD": acc,
+    sig = {"X": r, "W": p, "DY": p, "DRES": r, "DX": p, "DRES_IN": r, "PARTS": acc, "MEAN": acc, "RSTD": acc,
            "stride_x": "i32", "stride_dy": "i32", "stride_dres": "i32", "stride_dx": "i32", "stride_dres_in": "i32",
            "M": "i32", "N": "i32", "rows_per_program": "i32"}
     flags = dict(IS_RMS=kind == "rms", HAS_W=True, HAS_B=kind == "layer", HAS_DRES=rdt is not None,
@@ -62,9 +63,13 @@ def _bwd(dt, rdt, kind):
     return sig, flags
 
 
-def resources(arch: int, spec: str) -> list[dict]:
-    """Compile the forward and backward kernels for ``spec`` as the launcher would; registers and spills."""
+def resources(arch: int, spec: str, fwd: Optional[dict] = None, bwd: Optional[dict] = None) -> list[dict]:
+    """Compile the forward and backward kernels for ``spec`` as the launcher would; registers and spills.
+
+    ``fwd`` / ``bwd`` override the launch configuration (see :func:`normlib.ops._kernels.fwd_config`).
+    """
     import triton
+    import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -72,13 +77,20 @@ def resources(arch: int, spec: str) -> list[dict]:
 
     dt, rdt, kind, n = spec.split(":")
     rdt = None if rdt == "none" else rdt
-    block_n, num_warps = K._launch_config(int(n))
+    esize = int(_PTR[dt][-2:]) // 8
     ptxas = ptxas_path()
     if ptxas is None:
         raise RuntimeError("Triton's NVIDIA backend (with its ptxas) is not installed")
     out = []
-    for name, kernel, (sig, flags) in (("fwd", K._norm_fwd_kernel, _fwd(dt, rdt, kind)), ("bwd", K._norm_bwd_kernel, _bwd(dt, rdt, kind))):
-        consts = dict(flags, BLOCK_N=block_n)
+    kernels = (
+        ("fwd", K._norm_fwd_kernel, _fwd(dt, rdt, kind), K.fwd_config(int(n), esize, **(fwd or {}))),
+        ("bwd", K._norm_bwd_kernel, _bwd(dt, rdt, kind), K.bwd_config(int(n), esize, kind == "rms", **(bwd or {}))),
+    )
+    for name, kernel, (sig, flags), cfg in kernels:
+        block_n, num_warps = cfg["block_n"], cfg["num_warps"]
+        consts = dict(flags, BLOCK_N=block_n, ROWS=cfg["rows"], W_PLUS_ONE=False, ROUND_XHAT=0)
+        if name == "bwd":
+            consts.update(NUM_STAGES=cfg["num_stages"], XDT=tl.float32)
         src = ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
         with tempfile.TemporaryDirectory() as tmp:
@@ -89,8 +101,10 @@ def resources(arch: int, spec: str) -> list[dict]:
             report = subprocess.run([ptxas, f"-arch={arch_flag}", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
                                     capture_output=True, text=True, check=True).stderr
         out.append(dict(
-            spec=spec, kernel=name, block_n=block_n, num_warps=num_warps,
+            spec=spec, kernel=name, block_n=block_n, num_warps=num_warps, rows=cfg["rows"],
             registers=int(re.search(r"Used (\d+) registers", report).group(1)),
+            shared_bytes=int(compiled.metadata.shared),
+            num_stages=cfg.get("num_stages", 1),
             spill_bytes=sum(int(b) for b in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
         ))
     return out
@@ -111,14 +125,14 @@ def main(argv=None) -> int:
               "with Python functions", file=sys.stderr)
         return 2
     if not args.json:
-        print(f"{'dtype:residual:kind:N':24s} {'kernel':6s} {'BLOCK_N':>7s} {'warps':>5s} {'registers':>9s} {'spill B':>7s}")
+        print(f"{'dtype:residual:kind:N':24s} {'kernel':6s} {'BLOCK_N':>7s} {'warps':>5s} {'registers':>9s} {'spill B':>7s} {'shared B':>8s}")
     for spec in args.specs:
         for row in resources(args.arch, spec):
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
                 print(f"{row['spec']:24s} {row['kernel']:6s} {row['block_n']:7d} {row['num_warps']:5d} "
-                      f"{row['registers']:9d} {row['spill_bytes']:7d}", flush=True)
+                      f"{row['registers']:9d} {row['spill_bytes']:7d} {row['shared_bytes']:8d}", flush=True)
     return 0
 
 

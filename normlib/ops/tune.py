@@ -1,0 +1,285 @@
+"""Time launch configurations of the fused kernels on a GPU: the data behind the launcher's heuristic.
+
+The launchers pick, for a row width ``N``, how many warps a program gets, how
+many rows it normalizes at once (``rows``), and for the backward pass how
+many programs share the rows (``programs_per_sm``) and how deep the row loop
+is software-pipelined (``num_stages``) — see
+:func:`normlib.ops._kernels.fwd_config` and :func:`~normlib.ops._kernels.bwd_config`.
+This tool searches those settings one at a time (coordinate descent, two
+sweeps, starting from the current heuristic), checks every variant's output
+against the default configuration's, and reports GB/s and the share of a
+device-to-device copy of the same tensor::
+
+    TRITON_INTERPRET=0 python -m normlib.ops.tune --out tune.json [--baseline old_kernels.py]
+
+``--baseline`` times the launchers of another copy of ``_kernels.py`` too
+(e.g. the version before a change), in the same run. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from typing import Callable, Optional
+
+import torch
+
+# (op, dtype, M, N) searched by default: both kinds, the widths of common models.
+DEFAULT_CASES = [
+    ("layer_norm", "bf16", 16384, 1024),
+    ("layer_norm", "bf16", 16384, 4096),
+    ("layer_norm", "bf16", 16384, 16384),
+    ("rms_norm", "bf16", 16384, 1024),
+    ("rms_norm", "bf16", 16384, 4096),
+    ("rms_norm", "bf16", 16384, 8192),
+    ("add_rms_norm", "bf16", 16384, 4096),
+    ("layer_norm", "fp32", 16384, 4096),
+    ("layer_norm", "bf16", 4096, 1024),
+]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# M x N tensor passes each direction must make at least (as in normlib.benchmark)
+PASSES = {("fwd", False): 2, ("fwd", True): 4, ("bwd", False): 3, ("bwd", True): 5}
+
+
+def _bench(fn: Callable[[], object]) -> float:
+    """Median GPU milliseconds of ``fn``, replayed from a CUDA graph so that Python's launch cost is left out.
+
+    ``triton.testing.do_bench`` flushes the L2 cache before each replay and
+    times it with CUDA events.
+    """
+    from triton.testing import do_bench
+
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return float(do_bench(graph.replay, warmup=10, rep=50, return_mode="median"))
+
+
+def warm_up_gpu(seconds: float = 2.0) -> None:
+    """Keep the GPU busy for a while so that its clocks have ramped up before anything is timed."""
+    import time
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
+class Case:
+    """Inputs of one (op, dtype, M, N), its forward outputs, and a gradient to push back."""
+
+    def __init__(self, op: str, dtype: str, M: int, N: int, seed: int = 0, device: str = "cuda"):
+        g = torch.Generator(device=device).manual_seed(seed)
+        dt = DTYPES[dtype]
+        self.op, self.dtype, self.M, self.N = op, dtype, M, N
+        self.is_rms = op != "layer_norm"
+        self.has_res = op.startswith("add_")
+
+        def rnd(*shape):
+            return torch.randn(*shape, device=device, generator=g).to(dt)
+
+        self.x, self.dy = rnd(M, N), rnd(M, N)
+        self.r = rnd(M, N) if self.has_res else None
+        self.dres = rnd(M, N) if self.has_res else None
+        self.w = rnd(N)
+        self.b = None if self.is_rms else rnd(N)
+        self.esize = self.x.element_size()
+
+    def fwd(self, K, config=None):
+        kw = {} if config is None else {"config": config}
+        return K.norm_fwd(self.x, self.r, self.w, self.b, 1e-5, self.is_rms, **kw)
+
+    def bwd(self, K, saved, config=None):
+        y, res_out, mean, rstd = saved
+        kw = {} if config is None else {"config": config}
+        normalized = res_out if res_out is not None else self.x
+        return K.norm_bwd(
+            self.dy, self.dres, normalized, self.w, None if self.is_rms else self.b.dtype, mean, rstd,
+            self.is_rms, self.x.dtype, self.r.dtype if self.has_res else None, **kw,
+        )
+
+    def gbytes(self, direction: str) -> float:
+        return PASSES[(direction, self.has_res)] * self.M * self.N * self.esize / 1e9
+
+
+def _same(a, b) -> bool:
+    """Every output within 2 units of rounding of the default configuration's (reductions may be reordered)."""
+    for u, v in zip(a, b):
+        if (u is None) != (v is None):
+            return False
+        if u is None:
+            continue
+        tol = {torch.float32: 1e-4, torch.float64: 1e-10}.get(u.dtype, 2 * torch.finfo(u.dtype).eps)
+        if not torch.allclose(u.double(), v.double(), rtol=tol, atol=tol) or u.isnan().any():
+            return False
+    return True
+
+
+def _poison(like) -> None:
+    """Allocate and free NaN-filled blocks of the outputs' sizes, so the next launch gets memory holding NaN.
+
+    The caching allocator hands a freed block of the same size to the next
+    request: an output element the kernel forgets to write stays NaN.
+    """
+    junk = [torch.full_like(t, float("nan")) for t in like if t is not None and t.is_floating_point()]
+    if junk and junk[0].is_cuda:
+        torch.cuda.synchronize()
+    del junk
+
+
+def _candidates(direction: str, key: str, cfg: dict, N: int) -> list:
+    w = cfg["num_warps"]
+    if key == "num_warps":
+        return sorted({max(1, min(32, v)) for v in (w // 2, w, 2 * w)})
+    if key == "rows":
+        return [r for r in (1, 2, 4, 8) if r * cfg["block_n"] <= 8192]
+    if key == "programs_per_sm":
+        return [1, 2, 4, 8]
+    if key == "num_stages":
+        return [1, 2, 3]
+    raise KeyError(key)
+
+
+def search(
+    case: Case, K, direction: str, log: Callable[[str], None] = print, timer: Optional[Callable] = None,
+    sweeps: int = 2, confirm: bool = True,
+) -> list[dict]:
+    """Coordinate descent over the launch settings of one direction; returns every timed variant.
+
+    ``timer`` (default: CUDA events through ``triton.testing.do_bench``) returns milliseconds.
+    """
+    timer = timer or _bench
+    saved = case.fwd(K)
+    if direction == "fwd":
+        default = K.fwd_config(case.N, case.esize)
+        keys = ["num_warps", "rows"]
+        ref = saved
+        run = lambda cfg: case.fwd(K, cfg)  # noqa: E731
+    else:
+        default = K.bwd_config(case.N, case.esize, case.is_rms)
+        keys = ["programs_per_sm", "num_warps", "rows", "num_stages"]
+        ref = case.bwd(K, saved)
+        run = lambda cfg: case.bwd(K, saved, cfg)  # noqa: E731
+    tunable = {k: default[k] for k in keys}
+    timed: dict[tuple, float] = {}
+    records = []
+
+    def measure(cfg):
+        k = tuple(sorted(cfg.items()))
+        if k in timed:
+            return timed[k]
+        _poison(ref)
+        ok = _same(run(cfg), ref)
+        ms = timer(lambda: run(cfg)) if ok else float("nan")
+        timed[k] = ms
+        gbps = case.gbytes(direction) / ms * 1e3
+        records.append(dict(op=case.op, dtype=case.dtype, M=case.M, N=case.N, direction=direction,
+                            config=dict(cfg), ms=ms, gbps=gbps, correct=ok))
+        log(f"  {direction} {cfg} {ms * 1e3:9.1f} us {gbps:8.1f} GB/s{'' if ok else '  WRONG OUTPUT'}")
+        return ms
+
+    best = dict(tunable)
+    best_ms = measure(best)
+    for _sweep in range(sweeps):
+        improved = False
+        for key in keys:
+            for value in _candidates(direction, key, default, case.N):
+                cfg = dict(best, **{key: value})
+                ms = measure(cfg)
+                if ms == ms and ms < best_ms * 0.98:  # a 2 % margin against timing noise
+                    best, best_ms, improved = cfg, ms, True
+        if not improved:
+            break
+    for r in records:
+        r["best"] = r["config"] == best
+        r["default"] = r["config"] == tunable
+    if confirm and best != tunable:
+        # time the default and the winner again, alternately: a gain smaller than this spread is noise
+        again = {"default": [], "best": []}
+        for _ in range(3):
+            for name, cfg in (("default", tunable), ("best", best)):
+                again[name].append(timer(lambda: run(cfg)))
+        for r in records:
+            for name in again:
+                if r[name]:
+                    r["retimed_ms"] = sorted(again[name])
+    return records
+
+
+def copy_gbps(M: int, N: int, dtype: str) -> float:
+    src = torch.randn(M, N, device="cuda").to(DTYPES[dtype])
+    dst = torch.empty_like(src)
+    ms = _bench(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / ms / 1e6
+
+
+def _load(path: str):
+    spec = importlib.util.spec_from_file_location("normlib_baseline_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None) -> int:
+    """The command line: ``python -m normlib.ops.tune --help``."""
+    parser = argparse.ArgumentParser(prog="python -m normlib.ops.tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="tune.json")
+    parser.add_argument("--baseline", default=None, help="another _kernels.py whose default launch to time too")
+    parser.add_argument("--cases", nargs="*", default=None, help="op:dtype:M:N (default: a built-in list)")
+    parser.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps per case")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("normlib.ops.tune: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from normlib.ops import _kernels as K
+
+    base = _load(args.baseline) if args.baseline else None
+    warm_up_gpu()
+    cases = DEFAULT_CASES if not args.cases else [
+        (op, dt, int(m), int(n)) for op, dt, m, n in (c.split(":") for c in args.cases)]
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": [], "summary": []}
+    import triton
+
+    out["triton"] = triton.__version__
+    for op, dt, M, N in cases:
+        case = Case(op, dt, M, N)
+        cp = copy_gbps(M, N, dt)
+        print(f"{op} {dt} M={M} N={N}: copy {cp:.0f} GB/s", flush=True)
+        for direction in args.directions:
+            recs = search(case, K, direction, sweeps=args.sweeps)
+            for r in recs:
+                r["copy_gbps"] = cp
+            out["results"] += recs
+            row = dict(op=op, dtype=dt, M=M, N=N, direction=direction, copy_gbps=cp)
+            d = next(r for r in recs if r["default"])
+            b = next(r for r in recs if r["best"])
+            dms = statistics.median(d.get("retimed_ms", [d["ms"]]))
+            bms = statistics.median(b.get("retimed_ms", [b["ms"]]))
+            row.update(default_gbps=case.gbytes(direction) / dms * 1e3, best_gbps=case.gbytes(direction) / bms * 1e3,
+                       best_config=b["config"])
+            if base is not None:
+                saved = case.fwd(base)
+                fn = (lambda: case.fwd(base)) if direction == "fwd" else (lambda: case.bwd(base, saved))
+                ms = statistics.median(_bench(fn) for _ in range(3))
+                row["baseline_gbps"] = case.gbytes(direction) / ms * 1e3
+            out["summary"].append(row)
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+    print(f"\n{'op':13s} {'dt':4s} {'M':>6s} {'N':>6s} dir  {'copy':>6s} {'base':>6s} {'dflt':>6s} {'best':>6s}  best config")
+    for r in out["summary"]:
+        base_s = f"{r['baseline_gbps'] / r['copy_gbps']:6.2f}" if "baseline_gbps" in r else "     -"
+        print(f"{r['op']:13s} {r['dtype']:4s} {r['M']:6d} {r['N']:6d} {r['direction']:4s} {r['copy_gbps']:6.0f} "
+              f"{base_s} {r['default_gbps'] / r['copy_gbps']:6.2f} {r['best_gbps'] / r['copy_gbps']:6.2f}  {r['best_config']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
