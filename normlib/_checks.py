@@ -29,7 +29,16 @@ def check_float_tensor(x: object, name: str = "input") -> torch.Tensor:
 
 
 def check_eps(eps: object, name: str = "eps") -> float:
-    """``eps`` must be a finite, non-negative real number."""
+    """``eps`` must be a finite, non-negative real number.
+
+    Under ``torch.compile(dynamic=True)`` a float argument may arrive as a
+    symbolic ``torch.SymFloat`` whose value is unknown while tracing; it is
+    passed through unchecked (a module checked its ``eps`` when it was built).
+    """
+    if isinstance(eps, (torch.SymFloat, torch.SymInt)) or torch.compiler.is_compiling():
+        # While tracing, dynamo may hand a float argument over as a symbolic value
+        # even where isinstance says float; math.isfinite cannot be traced on it.
+        return eps  # type: ignore[return-value]
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{name} must be a real number (got {type(eps).__name__})")
     eps = float(eps)

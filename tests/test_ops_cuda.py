@@ -121,3 +121,34 @@ def test_parameters_on_another_device_are_refused():
         ops.layer_norm(x, torch.ones(64))
     with pytest.raises(ValueError, match="weight must be on the input's device"):
         nl.RMSNorm(64)(x)  # a module left on the CPU
+
+
+@pytest.mark.parametrize("kind,residual", [("layer", None), ("layer", torch.float32), ("rms", torch.bfloat16)])
+def test_opcheck_on_cuda(kind, residual):
+    torch.manual_seed(6)
+    x = torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    r = torch.randn(64, 1000, device="cuda", dtype=residual, requires_grad=True) if residual else None
+    w = torch.randn(1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(1000, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer" else None
+    torch.library.opcheck(torch.ops.normlib.fused_norm.default, (x, r, w, b, 1e-5, kind == "rms", None, False, 0))
+
+
+@pytest.mark.parametrize("mode", ["kernels", "reference"])
+def test_inductor_in_both_compile_modes(mode):
+    """Inductor compiles a block around the custom operators, or the reference math; both match eager."""
+    torch.manual_seed(7)
+    old = ops.set_compile_mode(mode)
+    try:
+        torch._dynamo.reset()
+        block = nl.TransformerBlock(256, 4, norm_first=True, norm="layer").cuda()
+        x = torch.randn(4, 64, 256, device="cuda", requires_grad=True)
+        eager = block(x)
+        x2 = x.detach().clone().requires_grad_()
+        out = torch.compile(block, fullgraph=True, dynamic=True)(x2)
+        torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
+        eager.sum().backward()
+        out.sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-3, atol=1e-3)
+    finally:
+        ops.set_compile_mode(old)
+        torch._dynamo.reset()
