@@ -24,6 +24,7 @@ produces numbers it did not measure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -111,13 +112,54 @@ def _provider_fn(provider: str, op: str) -> Callable:
 
 
 def cuda_timer(fn: Callable[[], object], grad_to_none=None) -> float:
-    """Median milliseconds of ``fn`` by ``triton.testing.do_bench`` (CUDA events, L2 flushed)."""
+    """Median milliseconds of an eager call of ``fn``: ``triton.testing.do_bench`` (CUDA events, L2 flushed).
+
+    This is what a caller sees: when launching ``fn`` from Python takes longer
+    than the GPU work it queues, the time includes that launch cost.
+    """
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
+    return float(do_bench(fn, warmup=10, rep=50, grad_to_none=grad_to_none, return_mode="median"))
 
 
-def wall_timer(fn: Callable[[], object], grad_to_none=None, reps: int = 3) -> float:
+def graph_timer(fn: Callable[[], object], grad_to_none=None, stream=None) -> float:
+    """Median GPU milliseconds of ``fn``, captured once in a CUDA graph and replayed.
+
+    Replaying leaves out Python's launch cost, so this is the time the GPU
+    spends, the figure the bandwidth targets are about. ``do_bench`` still
+    flushes the L2 cache before every replay. ``stream`` is the stream to
+    capture on: a backward pass must be captured on the stream its forward
+    pass ran on.
+    """
+    from triton.testing import do_bench
+
+    side = stream or torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (and compile) outside the capture
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in grad_to_none or ():
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        fn()
+    ms = float(do_bench(graph.replay, warmup=10, rep=50, return_mode="median"))
+    del graph
+    return ms
+
+
+def warm_up_gpu(seconds: float = 2.0) -> None:
+    """Keep the GPU busy so its clocks have ramped up before the first timing (a cold GPU times slow)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def wall_timer(fn: Callable[[], object], grad_to_none=None, reps: int = 3, stream=None) -> float:
     """Median wall-clock milliseconds of ``fn``: for exercising the machinery off the GPU only."""
     times = []
     for _ in range(reps + 1):
@@ -133,35 +175,61 @@ def _outputs(out) -> tuple:
     return out if isinstance(out, tuple) else (out,)
 
 
-def measure_op(fn: Callable, modes: Iterable[str], M: int, N: int, dtype: torch.dtype, device: str, timer: Callable) -> dict:
+def measure_op(fn: Callable, modes: Iterable[str], M: int, N: int, dtype: torch.dtype, device: str, timer: Callable,
+               gpu_timer: Optional[Callable] = None) -> dict:
     """Milliseconds per call of ``fn(x, residual, weight, bias)`` in each mode.
 
     ``fwd`` runs without autograd; ``bwd`` replays the backward pass of one
-    retained graph; ``fwd+bwd`` builds and consumes a graph per call.
+    retained graph; ``fwd+bwd`` builds and consumes a graph per call. Returns
+    ``{mode: ms}``, or with ``gpu_timer`` ``{mode: (ms, gpu_ms)}``.
     """
-    x, r, dy = (torch.randn(M, N, device=device, dtype=dtype) for _ in range(3))
+    # a separate gradient for each output: one tensor for both would be read from L2 the second time
+    x, r, dy, dres = (torch.randn(M, N, device=device, dtype=dtype) for _ in range(4))
     w, b = (torch.randn(N, device=device, dtype=dtype) for _ in range(2))
     leaves = (x, r, w, b)
     out = {}
+
+    def gpu(f, **kw):
+        try:
+            return gpu_timer(f, **kw)
+        except Exception as err:  # keep the eager measurement; say why the GPU time is missing
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+
+    def both(f, **kw):
+        ms = timer(f, **kw)
+        return ms if gpu_timer is None else (ms, gpu(f, **kw))
+
     for mode in modes:
         if mode == "fwd":
             with torch.no_grad():
-                out[mode] = timer(lambda: fn(x, r, w, b))
+                out[mode] = both(lambda: fn(x, r, w, b))
             continue
         for t in leaves:
             t.requires_grad_(True)
         if mode == "bwd":
             outs = _outputs(fn(x, r, w, b))
-            grads = (dy,) * len(outs)
-            out[mode] = timer(lambda: torch.autograd.backward(outs, grads, retain_graph=True), grad_to_none=leaves)
+            grads = (dy, dres)[: len(outs)]
+            ms = timer(lambda: torch.autograd.backward(outs, grads, retain_graph=True), grad_to_none=leaves)
             del outs
+            if gpu_timer is None:
+                out[mode] = ms
+            else:
+                # the backward pass runs on the stream of its forward pass: capture on that stream
+                stream = torch.cuda.Stream() if device == "cuda" else None
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    outs = _outputs(fn(x, r, w, b))
+                out[mode] = (ms, gpu(lambda: torch.autograd.backward(outs, grads, retain_graph=True),
+                                     grad_to_none=leaves, stream=stream))
+                del outs
         else:
 
             def step():
                 outs = _outputs(fn(x, r, w, b))
-                torch.autograd.backward(outs, (dy,) * len(outs))
+                torch.autograd.backward(outs, (dy, dres)[: len(outs)])
 
-            out[mode] = timer(step, grad_to_none=leaves)
+            out[mode] = both(step, grad_to_none=leaves)
         for t in leaves:
             t.requires_grad_(False)
             t.grad = None
@@ -172,6 +240,11 @@ def copy_ms(M: int, N: int, dtype: torch.dtype, device: str = "cuda", timer: Cal
     src = torch.randn(M, N, device=device, dtype=dtype)
     dst = torch.empty_like(src)
     return timer(lambda: dst.copy_(src))
+
+
+def _time(rec: dict) -> float:
+    """The time a record is judged by: GPU time where it was measured, else the eager time."""
+    return rec.get("gpu_ms") or rec["ms"]
 
 
 def environment(device: str = "cuda") -> dict:
@@ -212,6 +285,7 @@ def run(
     *,
     device: str = "cuda",
     timer: Callable = cuda_timer,
+    gpu_timer: Optional[Callable] = None,
     previous: Optional[dict] = None,
     save: Optional[Callable[[dict], None]] = None,
     log: Callable[[str], None] = print,
@@ -220,8 +294,13 @@ def run(
 
     With ``previous`` (a record from the same device and versions), only what
     it lacks is measured. ``save`` is called with the record after every shape.
+    Each result holds ``ms`` (``timer``: an eager call) and, with ``gpu_timer``,
+    ``gpu_ms`` (the GPU's own time); ``gbps`` comes from ``gpu_ms`` when there
+    is one, ``eager_gbps`` from ``ms``.
     """
     env = environment(device)
+    if device == "cuda":
+        warm_up_gpu()
     data = {"environment": env, "runs": [env["date"]], "bytes_model": {f"{k[0]} {k[1]}": v for k, v in _TENSOR_PASSES.items()}, "results": []}
     if previous is not None:
         old = previous["environment"]
@@ -240,10 +319,20 @@ def run(
         for M in rows:
             for N in widths:
 
-                def record(op, mode, provider, ms):
-                    gbps = bytes_moved(op, mode, M, N, esize) / ms / 1e6
-                    data["results"].append(dict(op=op, mode=mode, provider=provider, dtype=dname, M=M, N=N, ms=ms, gbps=gbps))
-                    log(f"{dname} M={M:6d} N={N:6d} {op:13s} {mode:8s} {provider:14s} {gbps:8.1f} GB/s")
+                def record(op, mode, provider, times):
+                    ms, gpu_ms = times if isinstance(times, tuple) else (times, None)
+                    nbytes = bytes_moved(op, mode, M, N, esize)
+                    rec = dict(op=op, mode=mode, provider=provider, dtype=dname, M=M, N=N, ms=ms)
+                    if isinstance(gpu_ms, str):
+                        rec["gpu_error"], gpu_ms = gpu_ms, None
+                        log(f"  GPU time not measured: {rec['gpu_error']}")
+                    if gpu_ms is not None:
+                        rec["gpu_ms"] = gpu_ms
+                    rec["gbps"] = nbytes / _time(rec) / 1e6
+                    rec["eager_gbps"] = nbytes / ms / 1e6
+                    data["results"].append(rec)
+                    log(f"{dname} M={M:6d} N={N:6d} {op:13s} {mode:8s} {provider:14s} {rec['gbps']:8.1f} GB/s"
+                        + (f" (eager call {rec['eager_gbps']:8.1f})" if gpu_ms is not None else ""))
 
                 if (dname, "copy", "copy", "copy", M, N) not in done:
                     record("copy", "copy", "copy", copy_ms(M, N, dtype, device, timer))
@@ -252,8 +341,8 @@ def run(
                         todo = [m for m in MODES if (dname, op, m, provider, M, N) not in done]
                         if todo:
                             fn = _provider_fn(provider, op)
-                            for mode, ms in measure_op(fn, todo, M, N, dtype, device, timer).items():
-                                record(op, mode, provider, ms)
+                            for mode, times in measure_op(fn, todo, M, N, dtype, device, timer, gpu_timer).items():
+                                record(op, mode, provider, times)
                 if device == "cuda":
                     torch.cuda.empty_cache()
                 if save is not None:
@@ -281,8 +370,11 @@ def ratios(data: dict, dtype: str = "bf16") -> dict:
             "min_of_copy_bandwidth": min(frac.values()) if frac else None,
         }
         for prov in ("torch", "torch.compile"):
-            sp = [by[(op, mode, prov, M, N)]["ms"] / by[(op, mode, "normlib", M, N)]["ms"] for M, N in shapes if (op, mode, prov, M, N) in by]
+            pairs = [(by[(op, mode, prov, M, N)], by[(op, mode, "normlib", M, N)]) for M, N in shapes if (op, mode, prov, M, N) in by]
+            sp = [_time(a) / _time(b) for a, b in pairs]
             entry[f"speedup_vs_{prov}"] = statistics.median(sp) if sp else None
+            eager = [a["ms"] / b["ms"] for a, b in pairs]
+            entry[f"eager_call_speedup_vs_{prov}"] = statistics.median(eager) if eager else None
         out[f"{op} {mode}"] = entry
     return out
 
@@ -408,7 +500,7 @@ def main(argv=None) -> int:
     try:
         data = run(
             args.dtype, rows=args.rows, widths=args.widths, ops=args.ops, providers=args.providers,
-            previous=previous, save=lambda d: _write_json(d, args.out),
+            gpu_timer=graph_timer, previous=previous, save=lambda d: _write_json(d, args.out),
         )
     except ValueError as err:
         print(f"normlib.benchmark: {err}", file=sys.stderr)
@@ -425,6 +517,3 @@ def main(argv=None) -> int:
     print(report(data, args.dtype[0]))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
