@@ -5,11 +5,11 @@ Reference modules with torch.nn's arguments and state_dict names, their math in
 Importing normlib needs neither a GPU nor Triton, and has no side effects.
 """
 
-from . import functional, ops
+from . import functional, interop, ops
 from .attention import MultiHeadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
 from .normalization import GroupNorm, LayerNorm, RMSNorm
-from .swap import swap_norms
+from .swap import SwapReport, swap_norms, unswap_norms
 from .transformer import TransformerBlock
 
 __version__ = "0.1.0"
@@ -18,7 +18,10 @@ __all__ = [
     "__version__",
     "functional",
     "ops",
+    "interop",
     "swap_norms",
+    "unswap_norms",
+    "SwapReport",
     "LayerNorm",
     "RMSNorm",
     "GroupNorm",
