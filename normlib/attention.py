@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_float_tensor, check_positive_int
@@ -32,6 +33,11 @@ class MultiHeadAttention(nn.Module):
         d_model: model width; the last dimension of ``q``, ``k``, ``v``.
         n_head: number of heads; must divide ``d_model``.
         bias: give the four projections a bias.
+        impl: ``"math"`` (default) computes the scores, mask and softmax step by
+            step as written above; ``"sdpa"`` hands the same computation to
+            :func:`torch.nn.functional.scaled_dot_product_attention`, which
+            never materialises the ``(T, S)`` score matrix (flash attention on
+            GPUs) and gives the same result up to rounding.
 
     Shape:
         ``q``: ``(B, T, d_model)``; ``k``, ``v``: ``(B, S, d_model)``;
@@ -44,8 +50,11 @@ class MultiHeadAttention(nn.Module):
         torch.Size([2, 5, 16])
     """
 
-    def __init__(self, d_model: int, n_head: int, bias: bool = True, device=None, dtype=None) -> None:
+    def __init__(self, d_model: int, n_head: int, bias: bool = True, device=None, dtype=None, *, impl: str = "math") -> None:
         super().__init__()
+        if impl not in ("math", "sdpa"):
+            raise ValueError(f'impl must be "math" or "sdpa" (got {impl!r})')
+        self.impl = impl
         self.d_model = check_positive_int(d_model, "d_model")
         self.n_head = check_positive_int(n_head, "n_head")
         if d_model % n_head != 0:
@@ -86,6 +95,9 @@ class MultiHeadAttention(nn.Module):
         q = self.w_q(q).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = self.w_k(k).view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
         v = self.w_v(v).view(B, S, nh, hs).transpose(1, 2)  # (B, nh, S, hs)
+        if self.impl == "sdpa":
+            heads = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, nh, T, hs)
+            return self.w_o(heads.transpose(1, 2).reshape(B, T, C))
         scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, S)
         if causal:
             # query i may attend to keys 0..i (top-left aligned, as in
@@ -98,4 +110,4 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(out)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_head={self.n_head}"
+        return f"d_model={self.d_model}, n_head={self.n_head}" + (", impl='sdpa'" if self.impl == "sdpa" else "")

@@ -33,6 +33,7 @@ class TransformerBlock(nn.Module):
         norm: ``"layer"`` for :class:`~normlib.LayerNorm`, ``"rms"`` for :class:`~normlib.RMSNorm`.
         dropout: dropout probability on each branch's output.
         eps: the norms' eps.
+        attn_impl: ``"math"`` or ``"sdpa"``, see :class:`~normlib.MultiHeadAttention`.
 
     Shape:
         input ``(B, T, d_model)``; output the same.
@@ -58,6 +59,8 @@ class TransformerBlock(nn.Module):
         eps: float = 1e-5,
         device=None,
         dtype=None,
+        *,
+        attn_impl: str = "math",
     ) -> None:
         super().__init__()
         d_model = check_positive_int(d_model, "d_model")
@@ -71,7 +74,7 @@ class TransformerBlock(nn.Module):
         Norm = LayerNorm if norm == "layer" else RMSNorm
         self.norm_first = norm_first
         self.norm = norm
-        self.attn = MultiHeadAttention(d_model, n_head, **factory)
+        self.attn = MultiHeadAttention(d_model, n_head, impl=attn_impl, **factory)
         self.norm1 = Norm(d_model, eps=eps, **factory)
         self.ff = nn.Sequential(
             nn.Linear(d_model, d_ff, **factory),

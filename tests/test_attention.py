@@ -100,3 +100,20 @@ def test_transformer_block_matches_torch_encoder_layer():
             ref.norm2.load_state_dict(ours.norm2.state_dict())
         x = torch.randn(2, 6, 16)
         torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_impl_computes_the_same_attention(causal):
+    torch.manual_seed(11)
+    math_attn = nl.MultiHeadAttention(32, 4)
+    sdpa_attn = nl.MultiHeadAttention(32, 4, impl="sdpa")
+    sdpa_attn.load_state_dict(math_attn.state_dict())
+    q, kv = torch.randn(2, 7, 32, requires_grad=True), torch.randn(2, 7, 32)
+    a = math_attn(q, kv, kv, causal=causal)
+    b = sdpa_attn(q, kv, kv, causal=causal)
+    torch.testing.assert_close(a, b)
+    (ga,) = torch.autograd.grad(a.sum(), q)
+    (gb,) = torch.autograd.grad(b.sum(), q)
+    torch.testing.assert_close(ga, gb)
+    with pytest.raises(ValueError, match='impl must be "math" or "sdpa"'):
+        nl.MultiHeadAttention(32, 4, impl="flash")
