@@ -450,10 +450,13 @@ def plot(data: dict, path: Optional[str] = None, dtype: str = "bf16", M: Optiona
             if copy:
                 ax.plot(*zip(*copy), "k--", label="copy")
             ax.set_xscale("log", base=2)
+            widths = sorted({r["N"] for r in res})
+            ax.set_xticks(widths, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in widths])
+            ax.minorticks_off()
             ax.set_ylim(bottom=0)
             ax.set_title(f"{op} {mode}", fontsize=9)
             ax.grid(alpha=0.3)
-        axes[i][0].set_ylabel("GB/s")
+        axes[i][0].set_ylabel("GB/s (GPU time)")
     for ax in axes[-1]:
         ax.set_xlabel("N (row width)")
     axes[0][-1].legend(frameon=False, fontsize=7)
@@ -461,7 +464,7 @@ def plot(data: dict, path: Optional[str] = None, dtype: str = "bf16", M: Optiona
     fig.suptitle(f"{dtype}, M={M}: {env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=9)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=150)
     return fig
 
 

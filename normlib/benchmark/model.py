@@ -274,6 +274,38 @@ def run_family(family: str, providers, cfg: dict, *, rounds: int = 6, steps_per_
     return rec
 
 
+def plot(data: dict, path: Optional[str] = None):
+    """Throughput and step peak memory of every provider, as ratios to eager torch of the same family.
+
+    Returns the matplotlib figure; saves it to ``path`` if given.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = [(fam, prov, r) for fam, rec in data["families"].items() for prov, r in rec["providers"].items()]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.32 * len(rows) + 1.2), sharey=True)
+    labels = [f"{fam}: {prov}" for fam, prov, _ in rows]
+    ys = range(len(rows))[::-1]
+    for ax, key, title in ((axes[0], "throughput_vs_torch", "tokens/s, ratio to eager torch"),
+                           (axes[1], "peak_memory_vs_torch", "step peak memory, ratio to eager torch")):
+        vals = [r.get(key, 1.0) for _, _, r in rows]
+        colors = ["0.6" if prov == "torch" else ("C1" if "compile" in prov else "C0") for _, prov, _ in rows]
+        ax.barh(list(ys), vals, color=colors)
+        ax.axvline(1.0, color="k", lw=0.8)
+        for y, v in zip(ys, vals):
+            ax.text(v, y, f" {v:.2f}", va="center", fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlim(0, max(vals) * 1.18)
+    axes[0].set_yticks(list(ys), labels, fontsize=8)
+    env = data["environment"]
+    cfg = data["config"]
+    fig.suptitle(f"training step, batch {cfg['batch']} x {cfg['seq_len']} tokens, bf16 autocast: {env['device']}, "
+                 f"torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=150)
+    return fig
+
+
 DEFAULT_CONFIG = dict(batch=16, seq_len=1024, d_model=768, n_layer=12, n_head=12, vocab=50304,
                       vocab_llama=32000, ffn_llama=2048)
 
