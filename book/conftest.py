@@ -8,3 +8,5 @@ environment that the notebooks' kernels inherit. `make notebooks` does the same.
 import os
 
 os.environ["TQDM_DISABLE"] = "True"
+# SVG figures are compared too: no timestamp in them (book/matplotlibrc fixes their ids).
+os.environ["SOURCE_DATE_EPOCH"] = "0"

@@ -56,6 +56,7 @@ def execute(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     os.environ["PYTHONHASHSEED"] = "0"
     os.environ["TQDM_DISABLE"] = "True"  # progress bars are for runs by hand (see book/conftest.py)
+    os.environ["SOURCE_DATE_EPOCH"] = "0"  # no timestamp in SVG figures (book/matplotlibrc fixes their ids)
     start = time.perf_counter()
     NotebookClient(
         nb,
