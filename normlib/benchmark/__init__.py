@@ -382,11 +382,13 @@ def ratios(data: dict, dtype: str = "bf16") -> dict:
 def targets(data: dict, dtype: str = "bf16") -> list[dict]:
     """The fused path's performance targets, each with its measured value and whether it is met.
 
-    Forward: median >= 0.90x copy bandwidth over shapes with M*N >= 2^25 and no
-    shape below 0.75x; backward: median >= 0.80x for N <= 8K, M >= 16K;
-    >= 1.3x torch eager forward, >= 1.5x backward; add+RMSNorm forward+backward
-    >= 1.8x eager; at least parity with torch.compile. A target whose shapes
-    were not measured has value ``None`` and ``met`` ``None``.
+    Copy bandwidth: forward median >= 0.90x over shapes with M*N >= 2^25 and
+    no shape below 0.75x; backward median >= 0.80x over the same shapes.
+    Against torch eager: forward >= 1.3x for LayerNorm and >= 1.4x for RMSNorm
+    (add+RMSNorm too), backward >= 1.5x and >= 2x; add+RMSNorm forward+backward
+    >= 1.8x. Against torch.compile: forward >= 0.95x, backward and
+    forward+backward >= 1.0x. A target whose shapes were not measured has
+    value ``None`` and ``met`` ``None``.
     """
     summary = ratios(data, dtype)
     rows = []
@@ -396,15 +398,16 @@ def targets(data: dict, dtype: str = "bf16") -> list[dict]:
         rows.append(dict(target=what, op_mode=key, value=value, required=required, met=None if value is None else value >= required))
 
     for op in OPS:
+        eager_fwd, eager_bwd = (1.3, 1.5) if op == "layer_norm" else (1.4, 2.0)
         add("share of copy bandwidth, median, M*N >= 2^25", f"{op} fwd", "median_of_copy_bandwidth_MN_ge_2^25", 0.90)
         add("share of copy bandwidth, every shape", f"{op} fwd", "min_of_copy_bandwidth", 0.75)
-        add("share of copy bandwidth, median, N<=8K, M>=16K", f"{op} bwd", "median_of_copy_bandwidth_N_le_8K_M_ge_16K", 0.80)
-        add("speed-up over torch eager", f"{op} fwd", "speedup_vs_torch", 1.3)
-        add("speed-up over torch eager", f"{op} bwd", "speedup_vs_torch", 1.5)
+        add("share of copy bandwidth, median, M*N >= 2^25", f"{op} bwd", "median_of_copy_bandwidth_MN_ge_2^25", 0.80)
+        add("speed-up over torch eager", f"{op} fwd", "speedup_vs_torch", eager_fwd)
+        add("speed-up over torch eager", f"{op} bwd", "speedup_vs_torch", eager_bwd)
     add("speed-up over torch eager", "add_rms_norm fwd+bwd", "speedup_vs_torch", 1.8)
     for op in OPS:
         for mode in MODES:
-            add("speed-up over torch.compile", f"{op} {mode}", "speedup_vs_torch.compile", 1.0)
+            add("speed-up over torch.compile", f"{op} {mode}", "speedup_vs_torch.compile", 0.95 if mode == "fwd" else 1.0)
     return rows
 
 
