@@ -1,6 +1,10 @@
 # Two entry points do all the set-up on a fresh machine:
 #   make book   create .venv if missing, install everything, build the HTML book
 #   make test   same set-up, then every test (library, notebooks, built site)
+# and one to read the chapters interactively:
+#   make lab    same set-up plus JupyterLab (installed by this target only), opened on book/
+# The repository the book links to is one setting, read by the build and the tests:
+#   NORMLIB_REPOSITORY_URL=https://github.com/<owner>/<repo> make book
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,13 +18,19 @@ MATHJAX := _assets/mathjax/tex-mml-chtml.js
 MATHJAX_SRC := node_modules/mathjax/es5
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=120
 
-.PHONY: help install book test test-lib test-notebooks test-site test-cuda notebooks clean
+# JupyterLab for `make lab`: an optional extra, installed into $(VENV) by that target only.
+JUPYTERLAB := jupyterlab>=4,<5
+LAB_STAMP := $(VENV)/.lab-installed
+
+.PHONY: help install book test test-lib test-notebooks test-site test-cuda notebooks setup-cells lab clean
 
 help:
 	@echo "make book       build the book into _build/html (sets up $(VENV) first)"
 	@echo "make test       run every test (sets up $(VENV) first)"
 	@echo "make test-cuda  on a CUDA machine: the compiled kernels at realistic shapes"
 	@echo "make notebooks  re-execute the chapters in place, storing fresh outputs"
+	@echo "make lab        open the chapters in JupyterLab with this environment (installs JupyterLab)"
+	@echo "make setup-cells  give every chapter its set-up cell (then: make notebooks)"
 	@echo "make clean      remove _build"
 
 # The environment: torch and triton pinned by constraints.txt (the CPU wheel of
@@ -47,6 +57,7 @@ book: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	@echo
 	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html"
+	@test -n "$$NORMLIB_REPOSITORY_URL" || echo "(NORMLIB_REPOSITORY_URL is not set: no repository or launch buttons; see the README)"
 
 test: test-lib test-notebooks test-site
 
@@ -60,8 +71,10 @@ else
 	$(BIN)/python -m pytest $(NBVAL) $(NOTEBOOKS)
 endif
 
-# The built book in headless Chromium (Debian's chromium + chromium-driver).
-# Without them the checks are skipped with a message; CI sets NORMLIB_REQUIRE_BROWSER=1.
+# The built book: its links and buttons (always), then every page in headless
+# Chromium (Debian's chromium + chromium-driver). Without Chromium the browser
+# checks are skipped with a message and the target still passes; CI sets
+# NORMLIB_REQUIRE_BROWSER=1, which turns a missing browser into a failure.
 test-site: book
 	NORMLIB_SITE_DIR=_build/html $(BIN)/python -m pytest tests/test_site.py -rs
 
@@ -71,6 +84,20 @@ test-cuda: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python book/_tools/execute_notebooks.py $(NOTEBOOKS)
+
+# The first cell of every chapter, which installs normlib on Colab/Binder/a download
+# (from NORMLIB_REPOSITORY_URL when set). Re-execute the chapters afterwards.
+setup-cells: $(STAMP)
+	$(BIN)/python book/_tools/add_setup_cell.py
+
+$(LAB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install $(PIP_FLAGS) -c constraints.txt '$(JUPYTERLAB)'
+	@touch $@
+
+# The chapters in JupyterLab, with the kernel of $(VENV) (normlib installed editable,
+# so changes to normlib/ show after a kernel restart).
+lab: $(LAB_STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir=book
 
 clean:
 	rm -rf _build _assets

@@ -5,7 +5,7 @@ Reference modules with torch.nn's arguments and state_dict names, their math in
 Importing normlib needs neither a GPU nor Triton, and has no side effects.
 """
 
-from . import functional, interop, ops
+from . import functional, interop, ops, testing
 from .attention import MultiHeadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
 from .normalization import GroupNorm, LayerNorm, RMSNorm
@@ -19,6 +19,7 @@ __all__ = [
     "functional",
     "ops",
     "interop",
+    "testing",
     "swap_norms",
     "unswap_norms",
     "SwapReport",

@@ -1,6 +1,10 @@
 """Consistency of the book's sources: table of contents, notebooks, recorded versions."""
 
+import base64
+import importlib.util
 import json
+import re
+import struct
 from importlib import metadata
 from pathlib import Path
 
@@ -11,7 +15,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+CHAPTERS = sorted(BOOK.glob("[0-9]*.ipynb"))
 RECORD = json.loads((BOOK / "data" / "executed_with.json").read_text())["notebooks"]
+
+
+def _load_tool(name):
+    spec = importlib.util.spec_from_file_location(f"_book_tool_{name}", BOOK / "_tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+setup_cell = _load_tool("add_setup_cell")
 
 
 def _toc_files():
@@ -53,3 +68,88 @@ def test_versions_record_matches_this_environment():
                 f"{name} was executed with {pkg} {env[pkg]} but {metadata.version(pkg)} is installed: "
                 "run `make notebooks` and commit the outputs"
             )
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+def test_chapters_start_with_the_setup_cell(nb):
+    """A chapter opened on Colab/Binder or downloaded installs normlib first (book/_tools/add_setup_cell.py)."""
+    first = nbformat.read(nb, as_version=4).cells[0]
+    assert setup_cell.is_setup_cell(first), f"{nb.name}: no set-up cell first: run `make setup-cells`, then `make notebooks`"
+    assert first.source == setup_cell.setup_cell_source(), (
+        f"{nb.name}: the set-up cell is out of date (another text, or another NORMLIB_REPOSITORY_URL): "
+        "run `make setup-cells`"
+    )
+    assert "remove-cell" in first.metadata["tags"]  # not shown on the rendered page
+    assert first.get("outputs", []) == [], "the set-up cell prints nothing where normlib is installed"
+
+
+def test_setup_cell_tool_is_idempotent_and_does_what_it_says(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# A chapter"), nbformat.v4.new_code_cell("import normlib as nl")]
+    path = tmp_path / "01_x.ipynb"
+    nbformat.write(nb, path)
+    assert setup_cell.main(["--check", str(path)]) == 1
+    assert setup_cell.main(["--repository", "https://github.com/o/r", str(path)]) == 0
+    once = path.read_bytes()
+    assert setup_cell.main(["--repository", "https://github.com/o/r", str(path)]) == 0
+    assert path.read_bytes() == once  # a second run changes nothing
+    cells = nbformat.read(path, as_version=4).cells
+    assert setup_cell.is_setup_cell(cells[0]) and [c.source for c in cells[1:]] == ["# A chapter", "import normlib as nl"]
+    assert 'git+https://github.com/o/r"' in cells[0].source
+    # without a repository: a message saying how to install, instead of an install
+    assert setup_cell.main(["--repository", "", str(path)]) == 0
+    cells = nbformat.read(path, as_version=4).cells
+    assert "ModuleNotFoundError" in cells[0].source and "pip install" in cells[0].source
+    assert sum(setup_cell.is_setup_cell(c) for c in cells) == 1
+    # the cell is valid Python that does nothing where normlib is importable
+    exec(compile(cells[0].source, "setup-cell", "exec"), {})
+
+
+def test_markdown_tables_in_outputs_render_as_tables():
+    """myst-nb renders text/markdown outputs as CommonMark unless told otherwise: no tables."""
+    for nb in NOTEBOOKS:
+        for cell in nbformat.read(nb, as_version=4).cells:
+            for out in cell.get("outputs", []):
+                md = out.get("data", {}).get("text/markdown", "")
+                if re.search(r"^\|.*\|\s*$\n^\|[\s:|-]*-{3,}", md, flags=re.M):
+                    fmt = cell.metadata.get("mystnb", {}).get("markdown_format")
+                    assert fmt in ("gfm", "myst"), (
+                        f"{nb.name}: a Markdown table in an output renders as raw pipes: give the cell "
+                        'the metadata {"mystnb": {"markdown_format": "gfm"}}'
+                    )
+
+
+# Paths of the machine that executed a notebook, as a traceback would show them.
+_MACHINE_PATH = re.compile(r"(/work/|/home/|/Users/|/tmp/|site-packages|[A-Z]:\\\\)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_tracebacks_carry_no_machine_paths(nb):
+    """Error outputs are executed with %xmode Docs (book/_tools/ipython): the cell's line and the error."""
+    for cell in nbformat.read(nb, as_version=4).cells:
+        for out in cell.get("outputs", []):
+            text = _ANSI.sub("", "\n".join(out.get("traceback", [])) + out.get("text", ""))
+            found = _MACHINE_PATH.search(text)
+            assert not found, f"{nb.name}: a path of the build machine in an output: ...{text[max(0, found.start() - 80):found.end() + 40]}..."
+
+
+def _png_width(data: str) -> int:
+    raw = base64.b64decode(data)
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">I", raw[16:20])[0]
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_figures_are_crisp_on_high_dpi_screens(nb):
+    """SVG, or a PNG drawn at least 1.5 times its displayed size (e.g. InlineBackend 'retina')."""
+    for cell in nbformat.read(nb, as_version=4).cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data and "image/svg+xml" not in data:
+                shown = out.get("metadata", {}).get("image/png", {}).get("width")
+                pixels = _png_width(data["image/png"])
+                assert shown and pixels >= 1.5 * shown, (
+                    f"{nb.name}: a PNG figure shown at its pixel size ({pixels} px) is blurry on high-DPI "
+                    "screens: execute the chapter with `make notebooks` (SVG figures) or use the 'retina' format"
+                )

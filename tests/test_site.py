@@ -1,10 +1,19 @@
-"""The built book, loaded page by page in headless Chromium (make test-site).
+"""The built book: its links and buttons, then every page in headless Chromium (make test-site).
 
 Run through ``make test`` (which builds the book first and sets
-NORMLIB_SITE_DIR). Without Chromium the checks are skipped with a clear
-reason, unless NORMLIB_REQUIRE_BROWSER=1 (set by CI), where they fail.
+NORMLIB_SITE_DIR). The checks that read the HTML need nothing else. The
+browser checks need Debian's ``chromium`` and ``chromium-driver``: without
+them they are skipped with a clear reason (the rest still runs, and pytest
+exits 0), unless NORMLIB_REQUIRE_BROWSER=1 (set by CI), where they fail.
+
+Links outside the build: a button or link may lead to a repository only if
+it is the configured one (NORMLIB_REPOSITORY_URL, read by the build too; see
+book/_ext/repository.py); without that setting the book has no repository,
+issue or launch buttons at all. Any other external link must be a reference
+listed in REFERENCES below.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -13,33 +22,62 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-
-pytestmark = pytest.mark.browser
+from bs4 import BeautifulSoup
 
 SITE = os.environ.get("NORMLIB_SITE_DIR")
 REQUIRE = os.environ.get("NORMLIB_REQUIRE_BROWSER") == "1"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
-if not SITE:
-    pytest.skip("NORMLIB_SITE_DIR not set: run the site checks through `make test`", allow_module_level=True)
-if not (CHROMIUM and CHROMEDRIVER):
-    if REQUIRE:
-        raise RuntimeError("NORMLIB_REQUIRE_BROWSER=1 but chromium/chromedriver are not installed")
-    pytest.skip("chromium and chromedriver are not installed: browser checks skipped", allow_module_level=True)
+ROOT = Path(SITE).resolve() if SITE else None
+PAGES = (
+    sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.html") if not p.relative_to(ROOT).parts[0].startswith("_"))
+    if ROOT and ROOT.is_dir()
+    else []
+)
+SHOTS = ROOT.parent / "screenshots" if ROOT else None
 
-from bs4 import BeautifulSoup  # noqa: E402
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+# The repository the book was built for: the same setting, normalised the same way, as the build's.
+_spec = importlib.util.spec_from_file_location(
+    "_normlib_book_repository", Path(__file__).resolve().parents[1] / "book" / "_ext" / "repository.py"
+)
+_repository = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_repository)
+REPOSITORY = _repository.repository_url()
+BRANCH = "main"  # repository.branch in _config.yml
 
-ROOT = Path(SITE).resolve()
-SHOTS = ROOT.parent / "screenshots"
-PAGES = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.html") if not p.relative_to(ROOT).parts[0].startswith("_"))
+# External pages the text links to on purpose, each checked by hand to exist.
+# A new one belongs here (a link to any other repository is not allowed).
+REFERENCES = (
+    "https://github.com/computationalmodelling/nbval",
+    "https://doi.org/",
+    "https://arxiv.org/abs/",
+)
+# Where a launch button takes a notebook, for the configured repository only.
+LAUNCHERS = ("https://mybinder.org/", "https://colab.research.google.com/")
+
+
+@pytest.fixture(scope="session")
+def site():
+    if ROOT is None:
+        pytest.skip("NORMLIB_SITE_DIR not set: run the site checks through `make test` (or `make test-site`)")
+    if not ROOT.is_dir():
+        pytest.fail(f"NORMLIB_SITE_DIR={SITE} is not a directory: build the book first (make book)")
+    return ROOT
 
 
 @pytest.fixture(scope="module")
-def driver():
+def driver(site):
+    if not (CHROMIUM and CHROMEDRIVER):
+        if REQUIRE:
+            pytest.fail("NORMLIB_REQUIRE_BROWSER=1 but chromium and chromedriver are not on the PATH")
+        pytest.skip(
+            "chromium and chromedriver are not installed: browser checks skipped "
+            "(apt-get install chromium chromium-driver to run them; CI always does)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for arg in (
@@ -56,6 +94,8 @@ def driver():
 
 
 def _load(driver, url):
+    from selenium.webdriver.support.ui import WebDriverWait
+
     driver.get_log("performance")  # drop what earlier pages logged
     driver.get_log("browser")
     driver.get(url)
@@ -82,11 +122,12 @@ def _page_url(page):
     return (ROOT / page).as_uri()
 
 
-def test_there_are_pages():
+def test_there_are_pages(site):
     assert "index.html" in PAGES and "search.html" in PAGES
     assert sum(p.startswith("book/0") for p in PAGES) >= 7
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("page", PAGES)
 def test_page_loads_offline_and_renders(driver, page):
     _load(driver, _page_url(page))
@@ -129,7 +170,7 @@ def _ids(path: Path):
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_internal_links_resolve(page):
+def test_internal_links_resolve(site, page):
     path = ROOT / page
     soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
     bad = []
@@ -148,7 +189,10 @@ def test_internal_links_resolve(page):
     assert not bad, f"{page}: broken internal links {bad[:10]}"
 
 
+@pytest.mark.browser
 def test_search_finds_layernorm(driver):
+    from selenium.webdriver.support.ui import WebDriverWait
+
     _load(driver, _page_url("search.html") + "?q=LayerNorm")
     WebDriverWait(driver, 30).until(
         lambda d: d.execute_script("return document.querySelectorAll('#search-results li').length") > 0
@@ -157,8 +201,55 @@ def test_search_finds_layernorm(driver):
     assert any("LayerNorm" in h or "Layer normalization" in h for h in hits), hits[:10]
 
 
-def test_notebook_pages_offer_download_and_launch_buttons():
-    html = (ROOT / "book" / "01_layer_norm.html").read_text(encoding="utf-8")
-    assert "01_layer_norm.ipynb" in html  # download as .ipynb
-    assert (ROOT / "_sources" / "book" / "01_layer_norm.ipynb").exists()
-    assert "colab.research.google.com/github/" in html and "mybinder.org" in html
+def _external_links(path: Path):
+    soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+    return [a["href"] for a in soup.find_all("a", href=True) if urlsplit(a["href"]).scheme in ("http", "https") or a["href"].startswith("//")]
+
+
+def _repository_parts():
+    owner, repo = urlsplit(REPOSITORY).path.strip("/").split("/")
+    return owner, repo
+
+
+def _is_the_repositorys(url: str) -> bool:
+    """The configured repository itself, a page of it, or a launcher opening one of its notebooks."""
+    if not REPOSITORY:
+        return False
+    if url == REPOSITORY or url.startswith(REPOSITORY + "/"):
+        return True
+    owner, repo = _repository_parts()
+    launch_paths = (f"/v2/gh/{owner}/{repo}/{BRANCH}?", f"/github/{owner}/{repo}/blob/{BRANCH}/")
+    return url.startswith(LAUNCHERS) and any(p in url for p in launch_paths)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_links_outside_the_build_are_the_repositorys_or_references(site, page):
+    bad = [u for u in _external_links(ROOT / page) if not (_is_the_repositorys(u) or u.startswith(REFERENCES))]
+    assert not bad, (
+        f"{page}: links outside the build that are neither the configured repository's "
+        f"(NORMLIB_REPOSITORY_URL={REPOSITORY or 'unset'}) nor listed in REFERENCES: {bad[:5]}"
+    )
+
+
+def test_notebook_pages_offer_download_and_launch_buttons(site):
+    chapters = sorted(p for p in PAGES if re.match(r"book/0\d_.*\.html$", p))
+    assert chapters
+    for page in chapters:
+        name = Path(page).stem
+        html = (ROOT / page).read_text(encoding="utf-8")
+        # the download button (the .ipynb with its outputs) is there either way
+        assert f"_sources/book/{name}.ipynb" in html, f"{page}: no download button"
+        assert (ROOT / "_sources" / "book" / f"{name}.ipynb").exists()
+        links = _external_links(ROOT / page)
+        launch = [u for u in links if u.startswith(LAUNCHERS)]
+        if not REPOSITORY:
+            assert not launch, f"{page}: launch buttons without a configured repository: {launch}"
+            assert not [u for u in links if "github.com/normlib/normlib" in u]
+            continue
+        owner, repo = _repository_parts()
+        assert REPOSITORY in links, f"{page}: no repository button for {REPOSITORY}"
+        assert any(u.startswith(REPOSITORY + "/issues/new") for u in links), f"{page}: no issue button"
+        assert any(u.startswith(f"https://mybinder.org/v2/gh/{owner}/{repo}/{BRANCH}?urlpath=") and u.endswith(f"book/{name}.ipynb") for u in launch), launch
+        if REPOSITORY.startswith("https://github.com/"):
+            colab = f"https://colab.research.google.com/github/{owner}/{repo}/blob/{BRANCH}/book/{name}.ipynb"
+            assert colab in launch, launch

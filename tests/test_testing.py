@@ -1,0 +1,485 @@
+"""normlib.testing: the checkers pass correct implementations and catch wrong ones.
+
+Each wrong implementation below is a mistake a reader could make; the checker
+must fail it, and its message must name the case that caught it.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import normlib as nl
+from normlib import testing as T
+
+# ln_unbiased's torch.var warns on one-element rows; that warning is the reader's, not ours
+pytestmark = pytest.mark.filterwarnings(r"ignore:var\(\)")
+
+# ------------------------------------------------------------------ LayerNorm
+
+
+def _dims(ns):
+    return tuple(range(-len(ns), 0))
+
+
+def _affine(y, w, b):
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y
+
+
+def ln_two_pass(x, ns, w, b, eps):
+    """What a reader writes after the chapter: mean, mean of squared deviations."""
+    d = _dims(ns)
+    mean = x.mean(d, keepdim=True)
+    var = ((x - mean) ** 2).mean(d, keepdim=True)
+    return _affine((x - mean) / torch.sqrt(var + eps), w, b)
+
+
+def ln_cancellation(x, ns, w, b, eps):
+    d = _dims(ns)
+    mean = x.mean(d, keepdim=True)
+    var = (x * x).mean(d, keepdim=True) - mean * mean  # E[x²] - E[x]²
+    return _affine((x - mean) / torch.sqrt(var + eps), w, b)
+
+
+def ln_unbiased(x, ns, w, b, eps):
+    d = _dims(ns)
+    mean = x.mean(d, keepdim=True)
+    var = x.var(d, keepdim=True)  # unbiased: divides by n - 1
+    return _affine((x - mean) / torch.sqrt(var + eps), w, b)
+
+
+def ln_last_dim_only(x, ns, w, b, eps):
+    mean = x.mean(-1, keepdim=True)  # ignores normalized_shape
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return _affine((x - mean) / torch.sqrt(var + eps), w, b)
+
+
+def ln_batch_axis(x, ns, w, b, eps):
+    mean = x.mean(0, keepdim=True)  # over the batch: that is BatchNorm
+    var = ((x - mean) ** 2).mean(0, keepdim=True)
+    return _affine((x - mean) / torch.sqrt(var + eps), w, b)
+
+
+def ln_no_eps(x, ns, w, b, eps):
+    d = _dims(ns)
+    mean = x.mean(d, keepdim=True)
+    var = ((x - mean) ** 2).mean(d, keepdim=True)
+    return _affine((x - mean) / torch.sqrt(var), w, b)
+
+
+def ln_eps_outside(x, ns, w, b, eps):
+    d = _dims(ns)
+    mean = x.mean(d, keepdim=True)
+    var = ((x - mean) ** 2).mean(d, keepdim=True)
+    return _affine((x - mean) / (torch.sqrt(var) + eps), w, b)
+
+
+def ln_fixed_eps(x, ns, w, b, eps):
+    return ln_two_pass(x, ns, w, b, 1e-5)
+
+
+def ln_ignores_weight(x, ns, w, b, eps):
+    return ln_two_pass(x, ns, None, b, eps)
+
+
+def ln_ignores_bias(x, ns, w, b, eps):
+    return ln_two_pass(x, ns, w, None, eps)
+
+
+def ln_needs_weight(x, ns, w, b, eps):
+    return ln_two_pass(x, ns, w, b, eps) * 1.0 if w.dim() else None  # AttributeError on weight=None
+
+
+def ln_in_place(x, ns, w, b, eps):
+    d = _dims(ns)
+    with torch.no_grad():
+        x -= x.mean(d, keepdim=True)
+    var = (x**2).mean(d, keepdim=True)
+    return _affine(x / torch.sqrt(var + eps), w, b)
+
+
+def ln_view(x, ns, w, b, eps):
+    if len(ns) != 1:
+        return F.layer_norm(x, ns, w, b, eps)
+    rows = x.view(-1, x.shape[-1])  # fails on a non-contiguous input
+    return F.layer_norm(rows, ns, w, b, eps).view(x.shape)
+
+
+def ln_float32_out(x, ns, w, b, eps):
+    return F.layer_norm(x.float(), ns, None if w is None else w.float(), None if b is None else b.float(), eps)
+
+
+class _WrongBackward(torch.autograd.Function):
+    """Right forward, backward that forgets the two mean terms: dx = γ·dy·rstd."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        mean = x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, mean, rstd, w)
+        return (x - mean) * rstd * w + b
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, mean, rstd, w = ctx.saved_tensors
+        xhat = (x - mean) * rstd
+        dims = tuple(range(dy.dim() - 1))
+        return dy * w * rstd, (dy * xhat).sum(dims), dy.sum(dims), None
+
+
+def ln_wrong_backward(x, ns, w, b, eps):
+    if len(ns) != 1 or w is None or b is None:
+        return F.layer_norm(x, ns, w, b, eps)
+    return _WrongBackward.apply(x, w, b, eps)
+
+
+def ln_detached(x, ns, w, b, eps):
+    return F.layer_norm(x, ns, w, b, eps).detach()
+
+
+@pytest.mark.parametrize("fn", [F.layer_norm, nl.functional.layer_norm, ln_two_pass], ids=lambda f: f.__name__)
+def test_layer_norm_passes_correct_implementations(fn):
+    report = T.check_layer_norm(fn)
+    assert report.passed and report.failures == []
+    assert len(report.cases) >= 20
+    assert str(report).startswith(f"check_layer_norm({fn.__name__}): {len(report.cases)} cases, all passed")
+
+
+@pytest.mark.parametrize(
+    "fn, case",
+    [
+        (ln_cancellation, "large offset, float32"),
+        (ln_unbiased, "rows of 7, float32"),
+        (ln_last_dim_only, "4-D input normalized over its last two dimensions, float32"),
+        (ln_batch_axis, "rows of 7, float32"),
+        (ln_no_eps, "one element per row, float32"),
+        (ln_eps_outside, "one element per row, float32"),  # sqrt'(0) is infinite: a NaN gradient
+        (ln_fixed_eps, "eps = 0.1, float32"),
+        (ln_ignores_weight, "rows of 7, float32"),
+        (ln_ignores_bias, "rows of 7, float32"),
+        (ln_needs_weight, "weight and bias None, float32"),
+        (ln_in_place, "rows of 7, float32"),
+        (ln_view, "non-contiguous input, float32"),
+        (ln_float32_out, "rows of 7, float64"),
+        (ln_wrong_backward, "rows of 7, float32"),
+    ],
+    ids=lambda v: getattr(v, "__name__", "case"),
+)
+def test_layer_norm_catches_wrong_implementations(fn, case):
+    report = T.check_layer_norm(fn, raise_on_failure=False)
+    assert not report.passed
+    assert report.failures[0].name == case, str(report)
+    with pytest.raises(AssertionError, match=f"check_layer_norm\\({fn.__name__}\\) failed case"):
+        T.check_layer_norm(fn)
+
+
+def test_layer_norm_messages_are_plain_words():
+    with pytest.raises(AssertionError) as e:
+        T.check_layer_norm(ln_cancellation)
+    msg = str(e.value)
+    assert "large offset, float32" in msg
+    assert "1e4 + N(0, 1) values" in msg  # which input
+    assert "expected" in msg and "got" in msg and ("off by" in msg or "non-finite" in msg)  # what, and by how much
+    assert "E[x²] - E[x]²" in msg  # what the case is for
+    report = T.check_layer_norm(ln_unbiased, raise_on_failure=False)
+    first = report.failures[0].message
+    assert "the output differs at" in first and "allowed:" in first
+    report = T.check_layer_norm(ln_wrong_backward, raise_on_failure=False)
+    assert "the gradient with respect to x" in report.failures[0].message
+    report = T.check_layer_norm(ln_in_place, raise_on_failure=False)
+    assert any("modified its argument x in place" in c.message for c in report.failures)
+    report = T.check_layer_norm(ln_view, raise_on_failure=False)
+    assert "raised RuntimeError" in report.failures[0].message
+    assert "(in ln_view: rows = x.view(-1, x.shape[-1])" in report.failures[0].message  # the reader's line
+
+
+def test_detached_output_passes_forward_only_with_a_note():
+    report = T.check_layer_norm(ln_detached)
+    assert report.passed
+    assert any("does not require grad" in n for n in report.notes)
+    assert any("forward only" in c.note for c in report.cases)
+
+
+def test_reports_are_deterministic_and_leave_the_global_rng_alone():
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    a = str(T.check_layer_norm(ln_unbiased, raise_on_failure=False))
+    assert torch.equal(torch.get_rng_state(), state)
+    b = str(T.check_layer_norm(ln_unbiased, raise_on_failure=False))
+    assert a == b
+    assert "0x" not in str(T.check_layer_norm(F.layer_norm))  # no addresses in a passing report
+
+
+def test_dtypes_option():
+    report = T.check_layer_norm(F.layer_norm, dtypes=[torch.float64])
+    assert all(c.name.endswith("float64") for c in report.cases)
+    with pytest.raises(ValueError, match="dtypes"):
+        T.check_layer_norm(F.layer_norm, dtypes=[torch.int64])
+
+
+# ------------------------------------------------------------------ RMSNorm
+
+
+def rms_plain(x, ns, w, eps):
+    y = x * torch.rsqrt(x.pow(2).mean(_dims(ns), keepdim=True) + eps)
+    return y if w is None else y * w
+
+
+def rms_subtracts_mean(x, ns, w, eps):
+    return F.layer_norm(x, ns, w, None, eps)
+
+
+def rms_eps_outside(x, ns, w, eps):
+    y = x / (x.pow(2).mean(_dims(ns), keepdim=True).sqrt() + eps)
+    return y if w is None else y * w
+
+
+def rms_no_eps(x, ns, w, eps):
+    y = x / x.pow(2).mean(_dims(ns), keepdim=True).sqrt()
+    return y if w is None else y * w
+
+
+def rms_ignores_weight(x, ns, w, eps):
+    return rms_plain(x, ns, None, eps)
+
+
+def rms_sum_not_mean(x, ns, w, eps):
+    y = x * torch.rsqrt(x.pow(2).sum(_dims(ns), keepdim=True) + eps)
+    return y if w is None else y * w
+
+
+@pytest.mark.parametrize("fn", [F.rms_norm, nl.functional.rms_norm, rms_plain], ids=lambda f: f.__name__)
+def test_rms_norm_passes_correct_implementations(fn):
+    assert T.check_rms_norm(fn).passed
+
+
+@pytest.mark.parametrize(
+    "fn, case",
+    [
+        (rms_subtracts_mean, "rows of 7, float32"),
+        (rms_eps_outside, "constant rows, float32"),
+        (rms_no_eps, "constant rows, float32"),
+        (rms_ignores_weight, "rows of 7, float32"),
+        (rms_sum_not_mean, "rows of 7, float32"),
+    ],
+    ids=lambda v: getattr(v, "__name__", "case"),
+)
+def test_rms_norm_catches_wrong_implementations(fn, case):
+    report = T.check_rms_norm(fn, raise_on_failure=False)
+    assert not report.passed and report.failures[0].name == case, str(report)
+
+
+# ------------------------------------------------------------------ GroupNorm
+
+
+def gn_reshape(x, G, w, b, eps):
+    N, C = x.shape[:2]
+    xg = x.reshape(N, G, -1)
+    mean = xg.mean(-1, keepdim=True)
+    var = xg.var(-1, unbiased=False, keepdim=True)
+    y = ((xg - mean) / torch.sqrt(var + eps)).reshape(x.shape)
+    shape = (1, C) + (1,) * (x.dim() - 2)
+    if w is not None:
+        y = y * w.reshape(shape)
+    if b is not None:
+        y = y + b.reshape(shape)
+    return y
+
+
+def gn_per_channel(x, G, w, b, eps):
+    return gn_reshape(x, x.shape[1], w, b, eps)  # InstanceNorm, whatever G says
+
+
+def gn_interleaved(x, G, w, b, eps):
+    N, C = x.shape[:2]
+    # channels c, c + G, c + 2G, ... in one group instead of consecutive ones
+    xt = x.reshape(N, C // G, G, -1).transpose(1, 2)
+    return gn_reshape(xt.reshape(x.shape), G, None, None, eps).reshape(N, G, C // G, -1).transpose(1, 2).reshape(
+        x.shape
+    ) * (1 if w is None else w.reshape((1, C) + (1,) * (x.dim() - 2))) + (0 if b is None else b.reshape((1, C) + (1,) * (x.dim() - 2)))
+
+
+def gn_unbiased(x, G, w, b, eps):
+    N, C = x.shape[:2]
+    xg = x.reshape(N, G, -1)
+    y = ((xg - xg.mean(-1, keepdim=True)) / torch.sqrt(xg.var(-1, keepdim=True) + eps)).reshape(x.shape)
+    shape = (1, C) + (1,) * (x.dim() - 2)
+    return y * (1 if w is None else w.reshape(shape)) + (0 if b is None else b.reshape(shape))
+
+
+def gn_view(x, G, w, b, eps):
+    x.view(x.shape[0], G, -1)  # fails on channels_last
+    return F.group_norm(x, G, w, b, eps)
+
+
+@pytest.mark.parametrize("fn", [F.group_norm, nl.functional.group_norm, gn_reshape], ids=lambda f: f.__name__)
+def test_group_norm_passes_correct_implementations(fn):
+    assert T.check_group_norm(fn).passed
+
+
+@pytest.mark.parametrize(
+    "fn, case",
+    [
+        (gn_per_channel, "3-D input, 3 groups of 2 channels, float32"),
+        (gn_interleaved, "3-D input, 3 groups of 2 channels, float32"),
+        (gn_unbiased, "3-D input, 3 groups of 2 channels, float32"),
+        (gn_view, "channels_last input, float32"),
+    ],
+    ids=lambda v: getattr(v, "__name__", "case"),
+)
+def test_group_norm_catches_wrong_implementations(fn, case):
+    report = T.check_group_norm(fn, raise_on_failure=False)
+    assert not report.passed and report.failures[0].name == case, str(report)
+
+
+# ------------------------------------------------------------------ BatchNorm
+
+
+class ScratchBatchNorm(torch.nn.Module):
+    """A correct BatchNorm written from the chapter: buffers, unbiased running variance, torch's momentum."""
+
+    unbiased_running_var = True
+    keras_momentum = False
+    batch_stats_in_eval = False
+    update_running = True
+    no_grad_update = True
+    use_momentum_attr = True
+    eps_in_sqrt = True
+    cancellation = False
+    stat_dims = None
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        super().__init__()
+        self.eps, self.momentum = eps, momentum
+        self.weight = torch.nn.Parameter(torch.ones(num_features))
+        self.bias = torch.nn.Parameter(torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+
+    def forward(self, x):
+        dims = self.stat_dims or [0] + list(range(2, x.dim()))
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        if self.training or self.batch_stats_in_eval:
+            mean = x.mean(dims, keepdim=True)
+            if self.cancellation:
+                var = (x * x).mean(dims, keepdim=True) - mean * mean
+            else:
+                var = ((x - mean) ** 2).mean(dims, keepdim=True)
+            if self.training and self.update_running:
+                n = x.numel() // x.shape[1]
+                m = self.momentum if self.use_momentum_attr else 0.1
+                batch_var = var * n / (n - 1) if self.unbiased_running_var else var
+                if self.keras_momentum:
+                    m = 1 - m
+                if self.no_grad_update:
+                    with torch.no_grad():
+                        self.running_mean.mul_(1 - m).add_(m * mean.reshape(-1))
+                        self.running_var.mul_(1 - m).add_(m * batch_var.reshape(-1))
+                else:
+                    self.running_mean = (1 - m) * self.running_mean + m * mean.reshape(-1)
+                    self.running_var = (1 - m) * self.running_var + m * batch_var.reshape(-1)
+        else:
+            mean, var = self.running_mean.reshape(shape), self.running_var.reshape(shape)
+        denom = torch.sqrt(var + self.eps) if self.eps_in_sqrt else torch.sqrt(var)
+        return (x - mean) / denom * self.weight.reshape(shape) + self.bias.reshape(shape)
+
+
+def _variant(name, **attrs):
+    return type(name, (ScratchBatchNorm,), attrs)
+
+
+class PlainAttributesBatchNorm(ScratchBatchNorm):
+    """Running statistics as plain attributes, not buffers: .to(float64) leaves them float32."""
+
+    def __init__(self, num_features):
+        super().__init__(num_features)
+        rm, rv = self.running_mean, self.running_var
+        del self._buffers["running_mean"], self._buffers["running_var"]
+        self.running_mean, self.running_var = rm, rv
+
+
+class NotAModule:
+    def __init__(self, num_features):
+        self.weight = torch.ones(num_features)
+        self.bias = torch.zeros(num_features)
+        self.running_mean = torch.zeros(num_features)
+        self.running_var = torch.ones(num_features)
+
+    def __call__(self, x):
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True)
+
+
+@pytest.mark.parametrize(
+    "cls, layouts",
+    [(torch.nn.BatchNorm1d, 2), (torch.nn.BatchNorm2d, 1), (nl.BatchNorm1d, 2), (nl.BatchNorm2d, 1), (ScratchBatchNorm, 3)],
+    ids=lambda v: getattr(v, "__module__", "")[:5] + "." + getattr(v, "__name__", str(v)),
+)
+def test_batch_norm_passes_correct_implementations(cls, layouts):
+    report = T.check_batch_norm(cls)
+    assert report.passed
+    tested = {c.name.split(",")[0] for c in report.cases}
+    assert len(tested) == layouts, tested
+    assert any("momentum = 0.5" in c.name for c in report.cases)
+    assert any("float64" in c.name for c in report.cases)
+
+
+def test_batch_norm_momentum_none_is_a_cumulative_average():
+    assert T.check_batch_norm(lambda c: torch.nn.BatchNorm1d(c, momentum=None), ndims=(2,)).passed
+
+
+@pytest.mark.parametrize(
+    "cls, case, words",
+    [
+        (_variant("NeverUpdates", update_running=False), "2-D, float32: training step 1", "running_mean afterwards"),
+        (_variant("BatchInEval", batch_stats_in_eval=True), "2-D, float32: evaluation, then training again", "evaluation"),
+        (_variant("BiasedRunningVar", unbiased_running_var=False), "2-D, float32: training step 1", "unbiased"),
+        (_variant("KerasMomentum", keras_momentum=True), "2-D, float32: training step 1", "running_mean"),
+        (_variant("HardCodedMomentum", use_momentum_attr=False), "2-D, float32: momentum = 0.5", "momentum 0.5"),
+        (_variant("GraphInBuffers", no_grad_update=False), "2-D, float32: training step 1", "requires grad"),
+        (_variant("NoEps", eps_in_sqrt=False), "2-D, float32: eps = 0.1", "eps 0.1: the output"),
+        (_variant("Cancellation", cancellation=True), "2-D, float32: large offset", "large offset"),
+        (_variant("WrongAxis", stat_dims=[0, 1]), "2-D, float32: training step 1", "the output"),
+        (PlainAttributesBatchNorm, "2-D, float64: initial weight, bias and running statistics", "register_buffer"),
+        (NotAModule, "2-D, float32: initial weight, bias and running statistics", "torch.nn.Module"),
+    ],
+    ids=lambda v: getattr(v, "__name__", "case") if isinstance(v, type) else "case",
+)
+def test_batch_norm_catches_wrong_implementations(cls, case, words):
+    report = T.check_batch_norm(cls, raise_on_failure=False)
+    assert not report.passed
+    first = report.failures[0]
+    assert first.name == case, str(report)
+    assert words in first.message, first.message
+    with pytest.raises(AssertionError, match="check_batch_norm"):
+        T.check_batch_norm(cls)
+
+
+def test_batch_norm_layout_options():
+    # a module for (N, C) only, told so: only 2-D runs, no notes
+    report = T.check_batch_norm(ScratchBatchNorm, ndims=(2,))
+    assert report.passed and {c.name.split(",")[0] for c in report.cases} == {"2-D"}
+    # torch's BatchNorm1d refuses 4-D input: left out with a note, not failed
+    report = T.check_batch_norm(torch.nn.BatchNorm1d)
+    assert any("4-D input (N, C, H, W) not tested" in n for n in report.notes)
+    # asked for a layout it refuses: fails, and says what the module raised
+    report = T.check_batch_norm(torch.nn.BatchNorm1d, ndims=(4,), raise_on_failure=False)
+    assert not report.passed and "raised ValueError" in report.failures[0].message
+    with pytest.raises(ValueError, match="ndims"):
+        T.check_batch_norm(ScratchBatchNorm, ndims=(5,))
+
+
+def test_checkers_do_not_change_the_module_class_state():
+    before = copy.deepcopy(torch.nn.BatchNorm1d(3).state_dict())
+    T.check_batch_norm(torch.nn.BatchNorm1d)
+    after = torch.nn.BatchNorm1d(3).state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_exported_from_the_package():
+    assert nl.testing is T
+    assert {"check_layer_norm", "check_rms_norm", "check_group_norm", "check_batch_norm"} <= set(T.__all__)
