@@ -28,6 +28,31 @@ def check_float_tensor(x: object, name: str = "input") -> torch.Tensor:
     return x
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def check_dtypes(input: torch.Tensor, **tensors: torch.Tensor | None) -> torch.Tensor:
+    """torch.nn's dtype rule for a norm's parameters and buffers; returns ``input``.
+
+    Each tensor given (``weight=...``, ``running_mean=...``; ``None`` is
+    skipped) must have the input's dtype, or be float32 when the input is
+    float16/bfloat16 (mixed precision). That is what ``torch.nn``'s LayerNorm,
+    GroupNorm, BatchNorm and InstanceNorm accept; where they raise a
+    ``RuntimeError`` ("mixed dtype (CPU): ..."), this raises a ``TypeError``
+    that names both dtypes and the way out.
+    """
+    check_float_tensor(input)
+    for name, t in tensors.items():
+        if t is None or t.dtype == input.dtype or (t.dtype == torch.float32 and input.dtype in _HALF):
+            continue
+        raise TypeError(
+            f"input has dtype {input.dtype} but {name} has dtype {t.dtype}; the parameters and buffers "
+            f"of a norm must have the input's dtype (or float32 for float16/bfloat16 input), as in "
+            f"torch.nn: convert the module (module.to({input.dtype})) or the input (input.to({t.dtype}))"
+        )
+    return input
+
+
 def check_eps(eps: object, name: str = "eps") -> float:
     """``eps`` must be a finite, non-negative real number.
 

@@ -5,6 +5,20 @@ Buffers and parameters carry torch.nn's names (``weight``, ``bias``,
 load in both directions. Training vs evaluation is decided by
 ``self.training`` alone (``model.train()`` / ``model.eval()``), never by
 whether autograd is enabled.
+
+Each class is a subclass of its :mod:`torch.nn` namesake (and so of
+``torch.nn.modules.batchnorm._NormBase``): ``isinstance(m, torch.nn.BatchNorm2d)``
+holds, ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` converts normlib's
+BatchNorm layers, and torch's own state_dict loading rules apply, among them
+the versioned ``num_batches_tracked`` (a checkpoint saved at version 1,
+without that key, loads with the counter kept at its current value, as in torch).
+normlib checks the arguments (with its own messages), torch's constructor
+registers the parameters and buffers, and ``forward`` is normlib's.
+
+dtypes follow torch.nn: ``weight``, ``bias``, ``running_mean`` and
+``running_var`` must have the input's dtype, or be float32 for
+float16/bfloat16 input; anything else is a ``TypeError`` naming both dtypes
+(torch raises a ``RuntimeError``). The output has the input's dtype.
 """
 
 from __future__ import annotations
@@ -13,15 +27,24 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import batchnorm as _tbn
+from torch.nn.modules import instancenorm as _tin
 
 from . import functional as F
-from ._checks import check_eps, check_float_tensor, check_momentum, check_positive_int
+from ._checks import check_dtypes, check_eps, check_float_tensor, check_momentum, check_positive_int
+from .normalization import _accepts_bias, _NormlibRepr
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "InstanceNorm1d", "InstanceNorm2d"]
 
 
-class _NormBase(nn.Module):
-    """Parameters, running statistics and their (re)initialisation."""
+class _NormBase(_NormlibRepr, _tbn._NormBase):
+    """Parameters, running statistics and their (re)initialisation.
+
+    A subclass of ``torch.nn.modules.batchnorm._NormBase``: normlib's argument
+    checks, then torch's constructor (which registers ``weight``/``bias`` and
+    the running-statistics buffers, or ``None`` for each that is switched off),
+    and torch's versioned ``_load_from_state_dict``.
+    """
 
     def __init__(
         self,
@@ -35,34 +58,13 @@ class _NormBase(nn.Module):
         *,
         bias: bool = True,
     ) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.num_features = check_positive_int(num_features, "num_features")
-        self.eps = check_eps(eps)
-        self.momentum = check_momentum(momentum)
-        self.affine = affine
-        self.track_running_stats = track_running_stats
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_features, **factory))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(num_features, **factory))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        if track_running_stats:
-            self.register_buffer("running_mean", torch.zeros(num_features, **factory))
-            self.register_buffer("running_var", torch.ones(num_features, **factory))
-            self.register_buffer(
-                "num_batches_tracked",
-                torch.tensor(0, dtype=torch.long, device=device),
-            )
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
-        self.reset_parameters()
+        num_features = check_positive_int(num_features, "num_features")
+        eps, momentum = check_eps(eps), check_momentum(momentum)
+        # torch < 2.13 has no `bias` argument: then drop the bias after construction
+        extra = {"bias": bias} if _accepts_bias(_tbn._NormBase) else {}
+        _tbn._NormBase.__init__(self, num_features, eps, momentum, affine, track_running_stats, device, dtype, **extra)
+        if affine and not bias and self.bias is not None:
+            self.bias = None
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
@@ -76,6 +78,10 @@ class _NormBase(nn.Module):
             nn.init.ones_(self.weight)
         if self.bias is not None:
             nn.init.zeros_(self.bias)
+
+    def _check_dtypes(self, input: Tensor) -> None:
+        check_dtypes(input, weight=self.weight, bias=self.bias,
+                     running_mean=self.running_mean, running_var=self.running_var)
 
     def _momentum_for_this_step(self) -> float:
         """Count the batch and return the weight it gets in the running average.
@@ -99,10 +105,10 @@ class _NormBase(nn.Module):
         )
 
 
-class _BatchNorm(_NormBase):
+class _BatchNorm(_NormBase, _tbn._BatchNorm):
     _ndims: tuple[int, ...] = ()
 
-    def _check_input(self, input: Tensor) -> None:
+    def _check_input_dim(self, input: Tensor) -> None:
         check_float_tensor(input)
         if input.dim() not in self._ndims:
             want = " or ".join(f"{d}D" for d in self._ndims)
@@ -115,9 +121,10 @@ class _BatchNorm(_NormBase):
                 f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
                 f"channels in dimension 1 (got input of shape {list(input.shape)})"
             )
+        self._check_dtypes(input)
 
     def forward(self, input: Tensor) -> Tensor:
-        self._check_input(input)
+        self._check_input_dim(input)
         momentum = self._momentum_for_this_step()
         # Batch statistics in training, and in eval too when no running statistics exist.
         use_batch_stats = self.training or self.running_mean is None
@@ -135,7 +142,7 @@ class _BatchNorm(_NormBase):
         )
 
 
-class BatchNorm1d(_BatchNorm):
+class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
     r"""Batch normalization over ``(N, C)`` or ``(N, C, L)`` input.
 
     .. math:: y = \frac{x - \mathrm{E}[x]}{\sqrt{\mathrm{Var}[x] + \epsilon}} \odot \gamma + \beta
@@ -153,6 +160,13 @@ class BatchNorm1d(_BatchNorm):
         track_running_stats: keep running statistics; without them the batch
             statistics are used in evaluation too.
 
+    dtypes: ``weight``, ``bias``, ``running_mean`` and ``running_var`` must
+    have the input's dtype, or be float32 for float16/bfloat16 input (as in
+    :class:`torch.nn.BatchNorm1d`); anything else is a ``TypeError`` naming
+    both dtypes. The output has the input's dtype.
+
+    A subclass of :class:`torch.nn.BatchNorm1d`: ``isinstance(m, torch.nn.BatchNorm1d)`` holds.
+
     Example:
         >>> bn = BatchNorm1d(3)
         >>> bn(torch.randn(8, 3)).shape
@@ -162,11 +176,11 @@ class BatchNorm1d(_BatchNorm):
     _ndims = (2, 3)
 
 
-class BatchNorm2d(_BatchNorm):
+class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
     r"""Batch normalization over ``(N, C, H, W)`` input, per channel.
 
-    Same arguments and behaviour as :class:`BatchNorm1d`; the statistics of
-    channel ``c`` are taken over ``N``, ``H`` and ``W``.
+    Same arguments, dtype rule and behaviour as :class:`BatchNorm1d`; the statistics of
+    channel ``c`` are taken over ``N``, ``H`` and ``W``. A subclass of :class:`torch.nn.BatchNorm2d`.
 
     Example:
         >>> BatchNorm2d(32)(torch.randn(16, 32, 8, 8)).shape
@@ -176,7 +190,7 @@ class BatchNorm2d(_BatchNorm):
     _ndims = (4,)
 
 
-class _InstanceNorm(_NormBase):
+class _InstanceNorm(_NormBase, _tin._InstanceNorm):
     _spatial: int = 1
 
     def __init__(
@@ -208,6 +222,7 @@ class _InstanceNorm(_NormBase):
                 f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
                 f"channels (got input of shape {list(input.shape)})"
             )
+        self._check_dtypes(input)
         momentum = self._momentum_for_this_step()
         # Running statistics (when tracked) are recorded in training and used in eval.
         y = F.instance_norm(
@@ -223,7 +238,7 @@ class _InstanceNorm(_NormBase):
         return y.squeeze(0) if unbatched else y
 
 
-class InstanceNorm1d(_InstanceNorm):
+class InstanceNorm1d(_InstanceNorm, nn.InstanceNorm1d):
     r"""Instance normalization of ``(N, C, L)`` (or unbatched ``(C, L)``) input.
 
     Each (sample, channel) is normalized over its ``L`` positions. Defaults
@@ -233,6 +248,10 @@ class InstanceNorm1d(_InstanceNorm):
     are a cumulative average over the batches seen (counted in
     ``num_batches_tracked``), as for BatchNorm; torch leaves them unchanged.
 
+    dtypes: as :class:`BatchNorm1d` (parameters and running statistics of the
+    input's dtype, or float32 for float16/bfloat16 input; a ``TypeError``
+    otherwise). A subclass of :class:`torch.nn.InstanceNorm1d`.
+
     Example:
         >>> InstanceNorm1d(3)(torch.randn(2, 3, 10)).shape
         torch.Size([2, 3, 10])
@@ -241,10 +260,12 @@ class InstanceNorm1d(_InstanceNorm):
     _spatial = 1
 
 
-class InstanceNorm2d(_InstanceNorm):
+class InstanceNorm2d(_InstanceNorm, nn.InstanceNorm2d):
     r"""Instance normalization of ``(N, C, H, W)`` (or unbatched ``(C, H, W)``) input.
 
     Each (sample, channel) image is normalized over its ``H × W`` pixels.
+    Same arguments and dtype rule as :class:`InstanceNorm1d`; a subclass of
+    :class:`torch.nn.InstanceNorm2d`.
 
     Example:
         >>> InstanceNorm2d(3)(torch.randn(2, 3, 8, 8)).shape

@@ -7,30 +7,45 @@ rounds. Each entry says how a class is recognised and in which order it
 rounds (up-cast to float32, where the result is cast back, whether the weight
 multiplies before or after that cast):
 
-============================  ==================================================================
-kind                          rounding order
-============================  ==================================================================
-``layer_norm``                ``torch.nn.LayerNorm``: statistics and ``x̂ ⊙ γ + β`` in float32,
-                              one cast to the input's dtype at the end; under autocast the
-                              input is first cast to float32 (so is the output).
-``rms_norm``                  ``torch.nn.RMSNorm``: like ``layer_norm``, without mean and β.
-``llama_rms_norm``            Llama, Mistral, Qwen2/3 and the other classes whose forward is
-                              Llama's: ``x̂`` in float32 is cast to the input's dtype *before*
-                              multiplying by γ; the output has the promoted dtype of γ and x.
-``gemma_rms_norm``            Gemma: ``x̂ ⊙ (1 + γ)`` all in float32, cast to the input's dtype
-                              at the end.
-``t5_layer_norm``             T5: RMS statistics in float32; ``x̂`` is cast to γ's dtype when
-                              γ is float16/bfloat16, then multiplied by γ; else the output is
-                              float32.
-============================  ==================================================================
+=============================  ==================================================================
+kind                           rounding order
+=============================  ==================================================================
+``layer_norm``                 ``torch.nn.LayerNorm``: statistics and ``x̂ ⊙ γ + β`` in float32,
+                               one cast to the input's dtype at the end; under autocast the
+                               input is first cast to float32 (so is the output). Also timm's
+                               ``LayerNorm`` (which calls ``F.layer_norm``) when its fast-norm
+                               mode is off, and transformers' ``ConvNextLayerNorm`` with
+                               ``data_format="channels_last"``.
+``channels_first_layer_norm``  ConvNeXt-style LayerNorm over the channels of ``(N, C, H, W)``
+                               input (transformers' ``ConvNextLayerNorm`` with
+                               ``data_format="channels_first"`` and its copies, timm's
+                               ``LayerNorm2d``, transformers' ``EomtLayerNorm2d``): the channel
+                               dimension is moved last, normalized in ``layer_norm``'s order,
+                               and moved back, so the output is a permuted view, as theirs.
+``rms_norm``                   ``torch.nn.RMSNorm``: like ``layer_norm``, without mean and β.
+``llama_rms_norm``             Llama, Mistral, Qwen2/3 and the other classes whose forward is
+                               Llama's: ``x̂`` in float32 is cast to the input's dtype *before*
+                               multiplying by γ; the output has the promoted dtype of γ and x.
+``gemma_rms_norm``             Gemma: ``x̂ ⊙ (1 + γ)`` all in float32, cast to the input's dtype
+                               at the end.
+``t5_layer_norm``              T5: RMS statistics in float32; ``x̂`` is cast to γ's dtype when
+                               γ is float16/bfloat16, then multiplied by γ; else the output is
+                               float32.
+=============================  ==================================================================
 
-Recognition is by what a module computes, never by its name alone: a
-``torch.nn`` class counts when its subclass does not override ``forward``;
-another library's class counts when its ``forward`` has the same syntax tree
-(comments and formatting aside) as the forward of one of the *anchor* classes
-below, and it holds the attributes that forward reads. An anchor is only
-consulted when its library is already imported, so this module imports
-neither transformers nor timm. Anything else is left alone and reported.
+Recognition is by what a module computes, never by its name: a ``torch.nn``
+class counts when its subclass does not override ``forward``; another
+library's class counts when its ``forward`` is the same code as the forward
+of one of the *anchor* classes below: the same syntax tree (comments,
+docstrings and formatting aside), the same objects behind the global names it
+uses (``torch``, ``F``, ...), the same code behind every method it calls on
+``self``, and the same method behind every ``super().…`` call; and the module
+holds the attributes that forward reads. An anchor is only consulted when its
+library is already imported (then its file is imported too: a Qwen2 model
+loads Qwen2's modeling file, not Llama's), so normlib itself imports neither
+transformers nor timm. Anything else is left alone and reported, e.g. VitDet's LayerNorm, whose
+statistics are computed in the input's own dtype (the kernels accumulate in
+float32 and cannot round like it).
 
 On tensors the kernels do not cover (CPU, other dtypes, wide rows), a
 swapped module runs its class's own ``forward``: the same numbers, bit for bit.
@@ -39,6 +54,8 @@ swapped module runs its class's own ``forward``: the same numbers, bit for bit.
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
 import inspect
 import sys
 import textwrap
@@ -54,6 +71,8 @@ __all__ = ["NormKind", "KINDS", "recognise"]
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _UNKNOWN = "not a norm normlib knows"
+# torch.nn norms that have no fused kernel: left alone, with this reason
+_NO_KERNEL = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LocalResponseNorm)
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,8 @@ class NormKind:
     anchors: tuple[tuple[str, str], ...]  # (module, class) whose forward defines the kind
     torch_classes: tuple[type, ...]  # torch.nn classes (and subclasses keeping their forward)
     fused: Callable[[nn.Module, Tensor], Optional[Tensor]]  # None where the kernels do not apply
+    # the kind a recognised module gets, from its settings: (kind name, "") or (None, why not)
+    select: Optional[Callable[[nn.Module], tuple[Optional[str], str]]] = None
 
 
 def _kernels_cover(x: Tensor, weight: Optional[Tensor]) -> bool:
@@ -102,6 +123,13 @@ def _layer_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
     return ops._fused(x, None, m.weight, m.bias, m.eps, False)[0]
 
 
+def _channels_first_layer_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        return None
+    y = _layer_norm(m, x.permute(0, 2, 3, 1))  # (N, H, W, C)
+    return None if y is None else y.permute(0, 3, 1, 2)  # (N, C, H, W), a view as in the original
+
+
 def _rms_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
     if len(m.normalized_shape) != 1 or not _kernels_cover(x, m.weight):
         return None
@@ -133,6 +161,26 @@ def _t5_layer_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
     return ops._fused(x, None, w, None, m.variance_epsilon, True, torch.promote_types(w.dtype, torch.float32), False, 0)[0]
 
 
+_FAST_NORM = "timm's fast-norm mode is on (its rounding depends on apex and the autocast dtype)"
+
+
+def _select_layer_norm(m: nn.Module) -> tuple[Optional[str], str]:
+    if getattr(m, "_fast_norm", False):
+        return None, _FAST_NORM
+    return "layer_norm", ""
+
+
+def _select_channels_first(m: nn.Module) -> tuple[Optional[str], str]:
+    if getattr(m, "_fast_norm", False):
+        return None, _FAST_NORM
+    fmt = getattr(m, "data_format", "channels_first")
+    if fmt == "channels_last":  # ConvNextLayerNorm: then it is a plain LayerNorm
+        return "layer_norm", ""
+    if fmt != "channels_first":
+        return None, f"data_format={fmt!r}"
+    return "channels_first_layer_norm", ""
+
+
 KINDS: dict[str, NormKind] = {
     k.name: k
     for k in (
@@ -143,6 +191,20 @@ KINDS: dict[str, NormKind] = {
             (("timm.layers.norm", "LayerNorm"),),
             (nn.LayerNorm,),
             _layer_norm,
+            _select_layer_norm,
+        ),
+        NormKind(
+            "channels_first_layer_norm",
+            "channels moved last, then layer_norm's order (float32, one cast at the end), moved back as a view",
+            ("normalized_shape", "weight", "bias", "eps"),
+            (
+                ("transformers.models.convnext.modeling_convnext", "ConvNextLayerNorm"),
+                ("timm.layers.norm", "LayerNorm2d"),
+                ("transformers.models.eomt.modeling_eomt", "EomtLayerNorm2d"),
+            ),
+            (),
+            _channels_first_layer_norm,
+            _select_channels_first,
         ),
         NormKind(
             "rms_norm",
@@ -180,37 +242,135 @@ KINDS: dict[str, NormKind] = {
 }
 
 
-def _forward_tree(cls: type) -> Optional[str]:
-    """The syntax tree of ``cls.forward`` without docstrings, as text; ``None`` if its source is unavailable."""
-    fn = cls.__dict__.get("forward")
-    if fn is None:
-        return None
+# ---- what a method computes: its code, the globals it reads, the methods it calls --------------
+
+
+def _owner(cls: type, name: str, after: Optional[type] = None) -> Optional[type]:
+    """The class in ``cls.__mro__`` (after ``after``, if given) whose ``__dict__`` defines ``name``."""
+    mro = cls.__mro__
+    if after is not None:
+        mro = mro[mro.index(after) + 1:] if after in mro else ()
+    return next((c for c in mro if name in c.__dict__), None)
+
+
+def _tree(fn) -> Optional[ast.AST]:
+    """The syntax tree of a function without its decorators and docstring; ``None`` without source."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError):
+        tree = ast.parse(src).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
         return None
-    tree = ast.parse(src).body[0]
+    if not isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
     tree.decorator_list = []
     if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], "value", None), ast.Constant):
         tree.body = tree.body[1:] or [ast.Pass()]
-    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+    return tree
 
 
-_TREES: dict[type, Optional[str]] = {}
+def _is_self_call(node: ast.AST, self_name: str) -> Optional[str]:
+    """``name`` for a call ``self.name(...)``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        v = node.func.value
+        if isinstance(v, ast.Name) and v.id == self_name:
+            return node.func.attr
+    return None
 
 
-def _tree(cls: type) -> Optional[str]:
-    if cls not in _TREES:
-        _TREES[cls] = _forward_tree(cls)
-    return _TREES[cls]
+def _is_super_attr(node: ast.AST) -> Optional[str]:
+    """``name`` for ``super().name``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call):
+        f = node.value.func
+        if isinstance(f, ast.Name) and f.id == "super" and not node.value.args:
+            return node.attr
+    return None
+
+
+_MISSING = object()
+_SIGS: dict = {}
+
+
+def _signature(cls: type, name: str, depth: int = 0):
+    """A value equal for two classes exactly when their method ``name`` computes the same thing.
+
+    Built from the method's syntax tree, the identity of every global it reads,
+    the signatures of the methods it calls on ``self`` and the identity of
+    what its ``super().…`` calls resolve to. ``None`` when it cannot be told
+    (no source, a closure, too deep).
+    """
+    key = (cls, name)
+    if key in _SIGS:
+        return _SIGS[key]
+    _SIGS[key] = None  # guards against recursion
+    owner = _owner(cls, name)
+    fn = owner.__dict__.get(name) if owner is not None else None
+    if not inspect.isfunction(fn) or depth > 3:
+        return None
+    if set(fn.__code__.co_freevars) - {"__class__"}:  # a closure: only the very same function is the same
+        _SIGS[key] = ("function", id(fn))
+        return _SIGS[key]
+    tree = _tree(fn)
+    if tree is None:
+        return None
+    self_name = tree.args.args[0].arg if tree.args.args else None
+    local = set(fn.__code__.co_varnames)
+    globals_, calls, supers = {}, {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
+            obj = fn.__globals__.get(node.id, getattr(builtins, node.id, _MISSING))
+            globals_[node.id] = id(obj)
+        called = _is_self_call(node, self_name)
+        if called is not None and called not in calls:
+            if isinstance(inspect.getattr_static(cls, called, None), (staticmethod, classmethod)) or inspect.isfunction(
+                inspect.getattr_static(cls, called, None)
+            ):
+                sig = _signature(cls, called, depth + 1)
+                if sig is None:
+                    return None
+                calls[called] = sig
+        via_super = _is_super_attr(node)
+        if via_super is not None:
+            parent = _owner(cls, via_super, after=owner)
+            supers[via_super] = id(parent.__dict__[via_super]) if parent is not None else None
+    sig = (
+        ast.dump(tree, annotate_fields=False, include_attributes=False),
+        tuple(sorted(globals_.items())),
+        tuple(sorted(calls.items())),
+        tuple(sorted(supers.items())),
+    )
+    _SIGS[key] = sig
+    return sig
+
+
+def _anchor_module(mod: str):
+    """The anchor's module, if its library is in use already (normlib never imports transformers or timm).
+
+    A model of one family (say Qwen2) imports its own modeling file only, so
+    the anchor's file (Llama's) is imported here, once its library is.
+    """
+    if mod in sys.modules:
+        return sys.modules[mod]
+    if mod.partition(".")[0] not in sys.modules:
+        return None
+    try:
+        return importlib.import_module(mod)
+    except Exception:  # another version of the library, without that file
+        return None
 
 
 def _anchor_classes(kind: NormKind):
     for mod, name in kind.anchors:
-        module = sys.modules.get(mod)  # consulted only if the library is in use already
+        module = _anchor_module(mod)
         cls = getattr(module, name, None) if module is not None else None
         if isinstance(cls, type):
             yield cls
+
+
+def _same_computation(cls: type, anchor: type) -> bool:
+    if cls is anchor:
+        return True
+    sig = _signature(cls, "forward")
+    return sig is not None and sig == _signature(anchor, "forward")
 
 
 def recognise(module: nn.Module) -> tuple[Optional[NormKind], str]:
@@ -223,20 +383,26 @@ def recognise(module: nn.Module) -> tuple[Optional[NormKind], str]:
     cls = type(module)
     if cls.__module__.startswith("normlib."):
         return None, "already a normlib module"
+    overridden = None
     for kind in KINDS.values():
         for tc in kind.torch_classes:
             if isinstance(module, tc):
                 if cls.forward is tc.forward:
                     return kind, f"{tc.__module__}.{tc.__qualname__}" + ("" if cls is tc else " subclass")
-                return None, f"subclass of {tc.__qualname__} with its own forward"
-    tree = _tree(cls)
-    if tree is None:
-        return None, _UNKNOWN
+                overridden = tc
     for kind in KINDS.values():
         for anchor in _anchor_classes(kind):
-            if cls is anchor or _tree(anchor) == tree:
-                missing = [a for a in kind.attributes if not hasattr(module, a)]
-                if missing:
-                    return None, f"forward of {anchor.__qualname__}, but no attribute {', '.join(missing)}"
-                return kind, f"forward identical to {anchor.__module__}.{anchor.__qualname__}"
+            if not _same_computation(cls, anchor):
+                continue
+            missing = [a for a in kind.attributes if not hasattr(module, a)]
+            if missing:
+                return None, f"forward of {anchor.__qualname__}, but no attribute {', '.join(missing)}"
+            name, why_not = kind.select(module) if kind.select is not None else (kind.name, "")
+            if name is None:
+                return None, why_not
+            return KINDS[name], f"forward identical to {anchor.__module__}.{anchor.__qualname__}"
+    if overridden is not None:
+        return None, f"subclass of {overridden.__qualname__} with its own forward"
+    if isinstance(module, _NO_KERNEL):
+        return None, "normlib has no fused kernel for this norm (it runs unchanged)"
     return None, _UNKNOWN

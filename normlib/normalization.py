@@ -1,41 +1,74 @@
 """LayerNorm, RMSNorm and GroupNorm modules with torch.nn's arguments and names.
 
 Each module only holds its parameters; the math lives in
-:mod:`normlib.functional`. Parameter names match :mod:`torch.nn`, so
-``normlib.LayerNorm(8).load_state_dict(torch.nn.LayerNorm(8).state_dict())``
-works, and the other way round.
+:mod:`normlib.functional`. Each class is a subclass of its :mod:`torch.nn`
+namesake, so code that looks for norms by type (``isinstance(m,
+torch.nn.LayerNorm)``: the Hugging Face trainer's no-weight-decay rule, weight
+initialisation, ...) finds normlib's too, and state_dicts load in both
+directions: ``normlib.LayerNorm(8).load_state_dict(torch.nn.LayerNorm(8).state_dict())``.
+normlib checks the arguments (with its own error messages) and then lets
+torch's constructor create the parameters; ``forward`` is normlib's.
+
+dtypes follow torch.nn: the output has the input's dtype; LayerNorm and
+GroupNorm accept parameters of the input's dtype, or float32 ones with
+float16/bfloat16 input, and raise a ``TypeError`` naming both dtypes
+otherwise (torch raises a ``RuntimeError``); RMSNorm, like
+:class:`torch.nn.RMSNorm`, accepts any floating dtypes.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import inspect
+
 import torch
 from torch import Tensor, nn
 
 from . import functional as F
 from . import ops
-from ._checks import _shape_t, check_eps, check_positive_int, normalize_shape
+from ._checks import _shape_t, check_dtypes, check_eps, check_float_tensor, check_positive_int, normalize_shape
 
 __all__ = ["LayerNorm", "RMSNorm", "GroupNorm"]
 
 
+class _NormlibRepr:
+    """``repr`` names the class as ``normlib.LayerNorm(...)``, so a printed model shows whose layer it is."""
+
+    def _get_name(self) -> str:
+        cls = type(self)
+        return f"normlib.{cls.__name__}" if cls.__module__.startswith("normlib.") else cls.__name__
+
+
+def _accepts_bias(cls: type) -> bool:
+    """Whether ``cls.__init__`` takes ``bias`` (torch added it to GroupNorm/BatchNorm/InstanceNorm in 2026)."""
+    return "bias" in inspect.signature(cls.__init__).parameters
+
+
 def _layer_norm(input, normalized_shape, weight, bias, eps):
     """The fused kernels for CUDA rows they cover, the reference math otherwise."""
-    if len(normalized_shape) == 1 and isinstance(input, Tensor) and ops.use_fused(input):
+    check_dtypes(input, weight=weight, bias=bias)
+    if len(normalized_shape) == 1 and ops.use_fused(input):
         F.check_layer_norm_args(input, normalized_shape, weight, bias, eps)
         return ops.layer_norm(input, weight, bias, eps)
     return F.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
 def _rms_norm(input, normalized_shape, weight, eps):
-    if len(normalized_shape) == 1 and isinstance(input, Tensor) and ops.use_fused(input):
+    check_float_tensor(input)
+    # any weight dtype, as torch.nn.RMSNorm: the kernels take the input's or float32
+    if len(normalized_shape) == 1 and ops.use_fused(input) and (weight is None or weight.dtype in (input.dtype, torch.float32)):
         _, eps = F.check_rms_norm_args(input, normalized_shape, weight, eps)
         return ops.rms_norm(input, weight, eps)
     return F.rms_norm(input, normalized_shape, weight, eps)
 
 
-class LayerNorm(nn.Module):
+def _group_norm(input, num_groups, weight, bias, eps):
+    check_dtypes(input, weight=weight, bias=bias)
+    return F.group_norm(input, num_groups, weight, bias, eps)
+
+
+class LayerNorm(_NormlibRepr, nn.LayerNorm):
     r"""Layer normalization over the trailing ``normalized_shape`` dimensions.
 
     .. math:: y = \frac{x - \mathrm{E}[x]}{\sqrt{\mathrm{Var}[x] + \epsilon}} \odot \gamma + \beta
@@ -47,12 +80,22 @@ class LayerNorm(nn.Module):
         bias: learn β too (only with ``elementwise_affine``).
 
     Shape:
-        input ``(*, *normalized_shape)``; output the same.
+        input ``(*, *normalized_shape)``; output the same, in the input's dtype.
+
+    dtypes: ``weight``/``bias`` must have the input's dtype, or be float32
+    for float16/bfloat16 input (as :class:`torch.nn.LayerNorm`); anything
+    else is a ``TypeError``. Statistics are computed in float32 (float64 for
+    float64 input). Under autocast the input is not up-cast: the output keeps
+    the input's dtype (``torch.nn.LayerNorm`` returns float32 under CUDA autocast).
+
+    A subclass of :class:`torch.nn.LayerNorm`: ``isinstance(m, torch.nn.LayerNorm)`` holds.
 
     Example:
         >>> ln = LayerNorm(4)
         >>> ln(torch.randn(2, 3, 4)).shape
         torch.Size([2, 3, 4])
+        >>> ln
+        normlib.LayerNorm((4,), eps=1e-05, elementwise_affine=True, bias=True)
 
     On CUDA tensors normalized over one dimension, forward and backward run
     through the fused Triton kernels (see :func:`normlib.ops.path_for`).
@@ -67,21 +110,9 @@ class LayerNorm(nn.Module):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.normalized_shape = normalize_shape(normalized_shape)
-        self.eps = check_eps(eps)
-        self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        # normlib's checks and messages first; torch's constructor then registers
+        # weight/bias (or None) and calls reset_parameters()
+        super().__init__(normalize_shape(normalized_shape), check_eps(eps), elementwise_affine, bias, device, dtype)
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
@@ -99,7 +130,7 @@ class LayerNorm(nn.Module):
         )
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(_NormlibRepr, nn.RMSNorm):
     r"""Root-mean-square normalization per sample (Zhang & Sennrich, 2019).
 
     .. math:: y = \frac{x}{\sqrt{\mathrm{mean}(x^2) + \epsilon}} \odot \gamma
@@ -110,6 +141,12 @@ class RMSNorm(nn.Module):
             epsilon of the compute dtype (float32 for float16/bfloat16/float32
             input), as :class:`torch.nn.RMSNorm` does.
         elementwise_affine: learn γ (``weight``, init 1).
+
+    dtypes: any floating ``weight`` dtype, as :class:`torch.nn.RMSNorm`; the
+    statistics are computed in float32 (float64 for float64 input) and the
+    output has the input's dtype.
+
+    A subclass of :class:`torch.nn.RMSNorm`: ``isinstance(m, torch.nn.RMSNorm)`` holds.
 
     Example:
         >>> RMSNorm(4)(torch.randn(2, 4)).shape
@@ -127,15 +164,8 @@ class RMSNorm(nn.Module):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__()
-        self.normalized_shape = normalize_shape(normalized_shape)
-        self.eps = None if eps is None else check_eps(eps)
-        self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
-        else:
-            self.register_parameter("weight", None)
-        self.reset_parameters()
+        eps = None if eps is None else check_eps(eps)
+        super().__init__(normalize_shape(normalized_shape), eps, elementwise_affine, device, dtype)
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
@@ -151,7 +181,7 @@ class RMSNorm(nn.Module):
         )
 
 
-class GroupNorm(nn.Module):
+class GroupNorm(_NormlibRepr, nn.GroupNorm):
     r"""Group normalization (Wu & He, 2018): ``num_channels`` split into ``num_groups``.
 
     Args:
@@ -160,6 +190,11 @@ class GroupNorm(nn.Module):
         eps: added to the variance (default ``1e-5``).
         affine: learn per-channel γ (``weight``) and β (``bias``).
         bias: (keyword-only) learn β too, when ``affine``.
+
+    dtypes: as :class:`LayerNorm` (``weight``/``bias`` of the input's dtype,
+    or float32 for float16/bfloat16 input; a ``TypeError`` otherwise).
+
+    A subclass of :class:`torch.nn.GroupNorm`: ``isinstance(m, torch.nn.GroupNorm)`` holds.
 
     Example:
         >>> GroupNorm(2, 6)(torch.randn(4, 6, 5)).shape
@@ -177,26 +212,18 @@ class GroupNorm(nn.Module):
         *,
         bias: bool = True,
     ) -> None:
-        super().__init__()
-        self.num_groups = check_positive_int(num_groups, "num_groups")
-        self.num_channels = check_positive_int(num_channels, "num_channels")
-        if self.num_channels % self.num_groups != 0:
+        num_groups = check_positive_int(num_groups, "num_groups")
+        num_channels = check_positive_int(num_channels, "num_channels")
+        if num_channels % num_groups != 0:
             raise ValueError(
                 f"num_channels must be divisible by num_groups "
                 f"(got num_channels={num_channels}, num_groups={num_groups})"
             )
-        self.eps = check_eps(eps)
-        self.affine = affine
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_channels, device=device, dtype=dtype))
-            if bias:
-                self.bias = nn.Parameter(torch.empty(num_channels, device=device, dtype=dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        # torch < 2.13 has no `bias` argument: then drop the bias after construction
+        extra = {"bias": bias} if _accepts_bias(nn.GroupNorm) else {}
+        super().__init__(num_groups, num_channels, check_eps(eps), affine, device, dtype, **extra)
+        if affine and not bias and self.bias is not None:
+            self.bias = None
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
@@ -205,7 +232,7 @@ class GroupNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+        return _group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return (

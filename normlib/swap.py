@@ -35,6 +35,9 @@ class _SwappedForward:
         self.module = module
         self.kind = kind
 
+    def __repr__(self) -> str:
+        return f"<normlib fused forward ({self.kind}) of {type(self.module).__qualname__}>"
+
     def __call__(self, x, *args, **kwargs):
         if not args and not kwargs:
             y = KINDS[self.kind].fused(self.module, x)
@@ -48,7 +51,7 @@ class SwapReport:
     """What :func:`swap_norms` did: swapped modules by class, and what it left alone and why."""
 
     swapped: Counter = field(default_factory=Counter)  # class name -> count
-    kinds: dict = field(default_factory=dict)  # class name -> normlib kind
+    kinds: dict = field(default_factory=dict)  # class name -> normlib kind(s), comma-separated
     already: Counter = field(default_factory=Counter)  # class name -> count swapped before
     left: dict = field(default_factory=dict)  # class name -> (count, reason)
 
@@ -80,17 +83,17 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
     Each recognised module keeps its class, parameters, buffers and hooks;
     only how its forward is computed changes: the fused kernels on CUDA
     tensors they cover, in the module's own rounding order
-    (:mod:`normlib.interop`), and the class's own forward everywhere else
+    (``normlib.interop``), and the class's own forward everywhere else
     (so on CPU the outputs are bit for bit the original's).
     Modules normlib does not recognise are left alone and listed in the
     report; with ``warn``, a model that has norm-like modules but none that
-    could be swapped raises a ``UserWarning``. Undo with :func:`unswap_norms`.
+    could be swapped raises a ``UserWarning``. Undo with ``normlib.unswap_norms``.
 
     Args:
         model: any ``torch.nn.Module`` (a norm layer itself, or a model holding some).
 
     Returns:
-        a :class:`SwapReport` (``print`` it for a summary).
+        a ``normlib.SwapReport`` (``print`` it for a summary).
 
     Example:
         >>> enc = torch.nn.TransformerEncoderLayer(16, 4, batch_first=True)
@@ -112,7 +115,8 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
             module.forward = _SwappedForward(module, kind.name)
             setattr(module, _ATTR, kind.name)
             report.swapped[name] += 1
-            report.kinds[name] = kind.name
+            kinds = set(report.kinds.get(name, "").split(", ")) - {""}
+            report.kinds[name] = ", ".join(sorted(kinds | {kind.name}))
         elif not name.startswith("normlib.") and (_looks_like_a_norm(module) or reason != _UNKNOWN):
             left[name] += 1
             why[name] = reason

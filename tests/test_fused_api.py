@@ -1,4 +1,11 @@
-"""The fused path's dispatch rules, fallbacks, torch.compile and swap_norms (no kernels needed)."""
+"""The fused path's dispatch rules, fallbacks, torch.compile and the resources tool (no kernels needed).
+
+swap_norms is tested in test_swap.py.
+"""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -88,54 +95,12 @@ def test_torch_compile_fullgraph():
         torch.testing.assert_close(compiled(x), m(x))
 
 
-def test_swap_norms_keeps_outputs_and_modules(monkeypatch):
-    torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=True)
-    model = torch.nn.Sequential(
-        torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
-        torch.nn.RMSNorm(16, eps=1e-6),
-        torch.nn.LayerNorm(16, bias=False),
-    ).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    x = torch.randn(3, 7, 16)
-    before = model(x)
-    modules = list(model.modules())
-    report = nl.swap_norms(model)
-    assert list(model.modules()) == modules  # in place: the same module objects
-    assert report.count == 6 and sum(report.swapped.values()) == 6
-    assert report.kinds == {"torch.nn.modules.normalization.LayerNorm": "layer_norm",
-                            "torch.nn.modules.normalization.RMSNorm": "rms_norm"}
-    assert torch.equal(model(x), before)  # on CPU the class's own forward runs: bit for bit
-    # through the kernels (the interpreter standing in for CUDA) the outputs agree to rounding
-    if ops.HAS_TRITON:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        monkeypatch.setattr(ops, "use_fused", lambda x, residual=None: ops.path_for(x, residual) != "reference")
-        if ops.path_for(x) == "triton-interpreter":
-            torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-5)
-    again = nl.swap_norms(model)  # idempotent
-    assert sum(again.swapped.values()) == 0 and again.count == 6
-    assert "already" in str(again)
-    assert nl.unswap_norms(model) == 6 and "forward" not in vars(model[1])
-    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
-        nl.swap_norms("not a model")
-
-
-def test_swap_norms_reports_what_it_leaves_and_warns_when_nothing_is_swapped():
-    class MyNorm(torch.nn.Module):
-        def forward(self, x):
-            return x / x.norm(dim=-1, keepdim=True)
-
-    class LN(torch.nn.LayerNorm):
-        def forward(self, x):  # its own forward: normlib cannot know what it computes
-            return super().forward(x) * 2
-
-    model = torch.nn.Sequential(MyNorm(), LN(4))
-    with pytest.warns(UserWarning, match="swapped nothing"):
-        report = nl.swap_norms(model)
-    assert report.count == 0
-    assert set(report.left) == {f"{__name__}.{n}" for n in (
-        "test_swap_norms_reports_what_it_leaves_and_warns_when_nothing_is_swapped.<locals>.MyNorm",
-        "test_swap_norms_reports_what_it_leaves_and_warns_when_nothing_is_swapped.<locals>.LN")}
-    assert "own forward" in str(report) and "not a norm normlib knows" in str(report)
+def test_resources_tool_without_triton_ends_with_one_line():
+    """python -m normlib.ops.resources on a machine without Triton: exit status 2 and one line, no traceback."""
+    code = "import sys, runpy; sys.modules['triton'] = None; runpy.run_module('normlib.ops.resources', run_name='__main__')"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("normlib.ops.resources: needs Triton"), proc.stderr
+    assert proc.stdout == ""

@@ -114,8 +114,131 @@ def test_device_and_dtype_arguments():
 
 
 @pytest.mark.parametrize("ours,theirs", PAIRS)
-def test_repr_matches_torch(ours, theirs):
-    assert repr(ours()) == repr(theirs())
+def test_repr_is_torchs_with_normlibs_name(ours, theirs):
+    assert repr(ours()) == "normlib." + repr(theirs())
+
+
+@pytest.mark.parametrize("ours,theirs", PAIRS)
+def test_normlib_modules_are_instances_of_their_torch_namesakes(ours, theirs):
+    a, b = ours(), theirs()
+    assert isinstance(a, type(b)) and type(a) is not type(b)
+    assert type(a).__module__.startswith("normlib.")
+
+
+def test_a_version_1_batchnorm_checkpoint_loads_as_into_torch():
+    """Checkpoints from before num_batches_tracked existed (state_dict version 1, key absent)."""
+    torch.manual_seed(0)
+    src = torch.nn.BatchNorm2d(4)
+    src(torch.randn(8, 4, 3, 3))
+    old = src.state_dict()
+    del old["num_batches_tracked"]
+    old._metadata = {"": {"version": 1}}  # as torch.save wrote it then
+    for make in (lambda: torch.nn.BatchNorm2d(4), lambda: nl.BatchNorm2d(4)):
+        m = make()
+        m.num_batches_tracked.fill_(3)
+        result = m.load_state_dict(old)  # strict: no missing key
+        assert not result.missing_keys and not result.unexpected_keys
+        assert m.num_batches_tracked.item() == 3  # kept, as torch keeps it
+        assert torch.equal(m.running_mean, src.running_mean)
+    # at version 2 (what state_dict() records now) the key is required, in both
+    new = src.state_dict()
+    del new["num_batches_tracked"]
+    for m in (torch.nn.BatchNorm2d(4), nl.BatchNorm2d(4)):
+        with pytest.raises(RuntimeError, match="Missing key.*num_batches_tracked"):
+            m.load_state_dict(new)
+    # an InstanceNorm checkpoint from before 0.4 (running stats saved though not tracked): torch's message
+    legacy = {"running_mean": torch.zeros(4), "running_var": torch.ones(4)}
+    for m in (torch.nn.InstanceNorm2d(4), nl.InstanceNorm2d(4)):
+        with pytest.raises(RuntimeError, match="Unexpected running stats buffer"):
+            m.load_state_dict(legacy)
+
+
+def test_convert_sync_batchnorm_sees_normlib_batchnorm():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(nl.BatchNorm2d(4), torch.nn.ReLU(), nl.BatchNorm1d(3, affine=False), nl.InstanceNorm2d(4))
+    model[0](torch.randn(8, 4, 2, 2))
+    weight = model[0].weight
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert type(converted[0]) is torch.nn.SyncBatchNorm and type(converted[2]) is torch.nn.SyncBatchNorm
+    assert converted[0].weight is weight  # torch reuses the parameter objects
+    assert torch.equal(converted[0].running_mean, model[0].running_mean)
+    assert converted[0].num_batches_tracked.item() == 1
+    assert type(converted[3]) is nl.InstanceNorm2d  # not a BatchNorm: left alone, as in torch
+
+
+def test_hugging_face_trainer_exempts_normlib_norm_weights_from_weight_decay():
+    pytest.importorskip("transformers")
+    from transformers.trainer_pt_utils import get_parameter_names
+    from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
+
+    def model(norm):
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), norm, torch.nn.Linear(4, 2))
+
+    # the trainer's rule: no weight decay for parameters of ALL_LAYERNORM_LAYERS (and names with "bias", "norm", ...);
+    # the names here ("1.weight") match no pattern, so only the type can exempt them
+    decay = get_parameter_names(model(nl.LayerNorm(4)), ALL_LAYERNORM_LAYERS, [r"bias"])
+    assert decay == get_parameter_names(model(torch.nn.LayerNorm(4)), ALL_LAYERNORM_LAYERS, [r"bias"])
+    assert decay == ["0.weight", "2.weight"]
+
+
+@pytest.mark.parametrize(
+    "make, x",
+    [
+        (lambda: nl.LayerNorm(4), torch.randn(2, 4)),
+        (lambda: nl.GroupNorm(2, 4), torch.randn(2, 4, 3)),
+        (lambda: nl.BatchNorm1d(4), torch.randn(5, 4)),
+        (lambda: nl.BatchNorm2d(4, affine=False), torch.randn(5, 4, 2, 2)),
+        (lambda: nl.InstanceNorm2d(4, affine=True), torch.randn(2, 4, 3, 3)),
+    ],
+)
+@pytest.mark.parametrize("train", [True, False])
+def test_dtype_rule_is_torchs(make, x, train):
+    """Parameters/buffers of the input's dtype, or float32 with half input; else a TypeError (torch: RuntimeError)."""
+    for params, inp, ok in [
+        (torch.float32, torch.float64, False),
+        (torch.float64, torch.float32, False),
+        (torch.bfloat16, torch.float32, False),
+        (torch.float16, torch.bfloat16, False),
+        (torch.float32, torch.bfloat16, True),
+        (torch.float32, torch.float16, True),
+        (torch.float64, torch.float64, True),
+    ]:
+        m = make().to(params).train(train)
+        theirs = type(m).__mro__[[c.__module__.startswith("torch.") for c in type(m).__mro__].index(True)]
+        t = theirs(*_torch_args(m)).to(params).train(train)
+        t.load_state_dict(m.state_dict())
+        xi = x.to(inp)
+        if ok:
+            y = m(xi)
+            assert y.dtype == inp
+            torch.testing.assert_close(y, t(xi), rtol=1e-2, atol=1e-2)
+        else:
+            with pytest.raises(RuntimeError):  # torch refuses ...
+                t(xi)
+            with pytest.raises(TypeError, match=rf"input has dtype {inp} but \w+ has dtype {params}"):
+                m(xi)  # ... and so does normlib, saying why
+
+
+def _torch_args(m):
+    if isinstance(m, torch.nn.LayerNorm):
+        return (m.normalized_shape,)
+    if isinstance(m, torch.nn.GroupNorm):
+        return (m.num_groups, m.num_channels)
+    return (m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats)
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # torch's own RMSNorm says so
+def test_rms_norm_accepts_any_weight_dtype_as_torch_does():
+    x = torch.randn(3, 4)
+    for params, inp in [(torch.float32, torch.float64), (torch.float64, torch.float32), (torch.float16, torch.bfloat16)]:
+        ours, theirs = nl.RMSNorm(4).to(params), torch.nn.RMSNorm(4).to(params)
+        y = ours(x.to(inp))
+        assert y.dtype == theirs(x.to(inp)).dtype == inp
+
+
+def test_norms_without_parameters_take_any_float_dtype():
+    m = nl.InstanceNorm2d(4).to(torch.float16)  # no parameters, no buffers
+    assert m(torch.randn(2, 4, 3, 3, dtype=torch.float64)).dtype == torch.float64
 
 
 def _run(code):
@@ -146,3 +269,16 @@ def test_import_and_cpu_use_do_not_import_triton():
         "print('triton' in sys.modules)\n"
     )
     assert stdout == ["False"] and stderr == ""
+
+
+def test_packaging_metadata():
+    """py.typed ships with the package; the licence is an SPDX string (setuptools deprecates the table form)."""
+    import importlib.resources
+    import pathlib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    assert (importlib.resources.files("normlib") / "py.typed").is_file()
+    meta = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == "MIT"
+    assert not any(c.startswith("License ::") for c in meta["project"]["classifiers"])
+    assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["normlib"]

@@ -66,7 +66,7 @@ def _bwd(dt, rdt, kind):
 def resources(arch: int, spec: str, fwd: Optional[dict] = None, bwd: Optional[dict] = None) -> list[dict]:
     """Compile the forward and backward kernels for ``spec`` as the launcher would; registers and spills.
 
-    ``fwd`` / ``bwd`` override the launch configuration (see :func:`normlib.ops._kernels.fwd_config`).
+    ``fwd`` / ``bwd`` override the launch configuration (see ``normlib.ops._kernels.fwd_config``).
     """
     import triton
     import triton.language as tl
@@ -123,6 +123,14 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("normlib.ops.resources: run with TRITON_INTERPRET=0; the interpreter replaces the kernels "
               "with Python functions", file=sys.stderr)
+        return 2
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        print(f"normlib.ops.resources: needs Triton ({e}); install it with pip install 'normlib[triton]'", file=sys.stderr)
+        return 2
+    if ptxas_path() is None:
+        print("normlib.ops.resources: Triton's NVIDIA backend (with its ptxas) is not installed", file=sys.stderr)
         return 2
     if not args.json:
         print(f"{'dtype:residual:kind:N':24s} {'kernel':6s} {'BLOCK_N':>7s} {'warps':>5s} {'registers':>9s} {'spill B':>7s} {'shared B':>8s}")
