@@ -8,6 +8,7 @@ Importing normlib needs neither a GPU nor Triton, and has no side effects.
 from . import functional, interop, ops, testing
 from .attention import MultiHeadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
+from .distributed import SyncBatchNorm
 from .normalization import GroupNorm, LayerNorm, RMSNorm
 from .swap import SwapReport, swap_norms, unswap_norms
 from .transformer import TransformerBlock
@@ -30,6 +31,7 @@ __all__ = [
     "BatchNorm2d",
     "InstanceNorm1d",
     "InstanceNorm2d",
+    "SyncBatchNorm",
     "MultiHeadAttention",
     "TransformerBlock",
 ]
