@@ -1,4 +1,4 @@
-r"""The math of normalization, written out in plain PyTorch.
+r"""The math of normalization, written out in plain PyTorch, forward and backward.
 
 Every function here has the signature and semantics of its namesake in
 :mod:`torch.nn.functional`, and is written so that one line of code maps to
@@ -11,6 +11,15 @@ one line of the book's equations:
     \hat x = (x - \mu)\,\mathrm{rstd}, \quad \mathrm{rstd} = \frac{1}{\sqrt{\sigma^2 + \epsilon}}, \qquad
     y = \gamma \odot \hat x + \beta .
 
+Each op is a :class:`torch.autograd.Function` whose backward is the textbook
+formula, public here as :func:`layer_norm_backward`, :func:`rms_norm_backward`,
+:func:`batch_norm_backward` and :func:`group_norm_backward` (InstanceNorm is
+GroupNorm with one channel per group). The forward saves only the input and
+the per-slice statistics, as :mod:`torch.nn` does, and recomputes
+:math:`\hat x` in the backward. For a second derivative (``create_graph=True``)
+the backward recomputes the statistics from the input with differentiable ops,
+so that autograd sees how they depend on it.
+
 Numerics, the same for every op:
 
 * Statistics are accumulated in float32 (float64 for float64 input); float16
@@ -22,6 +31,11 @@ Numerics, the same for every op:
   (``x - x_0``). That changes nothing mathematically, but makes the centred
   values exact for a constant slice (the output is then exactly ``bias``)
   and loses no digits when every value sits far from zero.
+
+Speed on CPU: every full-size tensor an op allocates costs more than the
+arithmetic on it (the memory is fresh, page by page), so each op allocates one
+output-sized buffer in the forward and works in place on it (``sub_``,
+``mul_``, ``addcmul``); each backward allocates two.
 """
 
 from __future__ import annotations
@@ -50,6 +64,10 @@ __all__ = [
     "group_norm",
     "instance_norm",
     "moments",
+    "layer_norm_backward",
+    "rms_norm_backward",
+    "batch_norm_backward",
+    "group_norm_backward",
 ]
 
 
@@ -63,30 +81,116 @@ def _channel_view(p: Tensor, ndim: int) -> Tensor:
     return p.reshape((1, -1) + (1,) * (ndim - 2))
 
 
+def _as(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+    return None if t is None else t.to(dtype)
+
+
+def _numel(x: Tensor, dims: Sequence[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    return n
+
+
+# ---------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------
+
+# torch.linalg.vector_norm reads a tensor once without a temporary, but each
+# SIMD lane accumulates its share of a slice one element after another: its
+# relative error grows with the slice (measured in float32: 4e-7 at 3136
+# elements, 2e-5 at 10^6). Longer slices are summed as (xc * xc).sum, which
+# torch accumulates pairwise.
+_VECTOR_NORM_MAX = 16384
+
+
+def _sum_of_squares(xc: Tensor, dims: tuple[int, ...]) -> Tensor:
+    r""":math:`\sum x_c^2` over ``dims`` (non-negative, sorted), with ``keepdim``.
+
+    The trailing block of ``dims`` (all of them for LayerNorm and GroupNorm,
+    the spatial ones for BatchNorm) is reduced by ``vector_norm`` in one read;
+    the rest (BatchNorm's batch dimension) by a sum of those partial results.
+    """
+    inner = []
+    for d in reversed(range(xc.dim())):
+        if d not in dims:
+            break
+        inner.insert(0, d)
+    if inner and _numel(xc, inner) <= _VECTOR_NORM_MAX:
+        ss = torch.linalg.vector_norm(xc, dim=tuple(inner), keepdim=True).square()
+        outer = tuple(d for d in dims if d not in inner)
+        return ss.sum(outer, keepdim=True) if outer else ss
+    return (xc * xc).sum(dims, keepdim=True)
+
+
+def _first(x: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """``x_0``, the first element of each slice over ``dims`` (``keepdim``, detached).
+
+    Zeros where a slice is empty (there is nothing to shift by).
+    """
+    x0 = x.detach()
+    if any(x.shape[d] == 0 for d in dims):
+        shape = [1 if d in dims else s for d, s in enumerate(x.shape)]
+        return x.new_zeros(shape)
+    for d in dims:
+        x0 = x0.narrow(d, 0, 1)
+    return x0
+
+
+def _centre(x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
+    """``(xc, x0, shifted_mean)``: ``xc = (x - x0) - mean(x - x0)``, a fresh tensor."""
+    x0 = _first(x, dims)
+    xc = x - x0  # exact zeros for a constant slice
+    shifted_mean = xc.mean(dims, keepdim=True)
+    return xc.sub_(shifted_mean), x0, shifted_mean
+
+
+def _recentre(x: Tensor, dims: tuple[int, ...], shifted_mean: Tensor) -> Tensor:
+    """``xc`` again from the saved ``shifted_mean``: bit for bit the forward's."""
+    return (x - _first(x, dims)).sub_(shifted_mean)
+
+
+def _moments(x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(xc, mean, shifted_mean, var)`` over ``dims`` (non-negative), all ``keepdim``."""
+    xc, x0, shifted_mean = _centre(x, dims)
+    var = _sum_of_squares(xc, dims) / _numel(x, dims)
+    return xc, x0 + shifted_mean, shifted_mean, var
+
+
 def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
     r"""Mean and biased variance of ``x`` over ``dims`` by two passes.
 
     Returns ``(xc, mean, var)`` with ``xc = x - mean`` (all with ``keepdim``),
     computed in ``x``'s dtype: call it on an already up-cast tensor.
+    Differentiable.
 
     The first pass runs on ``x - x_0``, where ``x_0`` is the first element of
     each slice (detached: it cancels exactly in ``xc``), so a constant slice
-    gives ``xc == 0`` exactly.
+    gives ``xc == 0`` exactly. The second pass sums the squares of the
+    centred values, never :math:`E[x^2] - E[x]^2`.
+
+    Example:
+        >>> xc, mean, var = moments(torch.tensor([[1e6, 1e6 + 2]]), (-1,))
+        >>> mean, var
+        (tensor([[1000001.]]), tensor([[1.]]))
     """
-    dims = tuple(d % x.dim() for d in dims)
-    if any(x.shape[d] == 0 for d in dims):
-        # Empty slices: nothing to shift by; the statistics are NaN, like torch's.
-        mean = x.mean(dims, keepdim=True)
-        xc = x - mean
-        return xc, mean, (xc * xc).mean(dims, keepdim=True)
-    x0 = x.detach()
-    for d in dims:
-        x0 = x0.narrow(d, 0, 1)
-    shifted = x - x0
-    shifted_mean = shifted.mean(dims, keepdim=True)
-    xc = shifted - shifted_mean
-    var = (xc * xc).mean(dims, keepdim=True)
-    return xc, x0 + shifted_mean, var
+    dims = tuple(sorted(d % x.dim() for d in dims))
+    xc, mean, _, var = _moments(x, dims)
+    return xc, mean, var
+
+
+def _affine_(y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
+    """``y ⊙ weight + bias`` in place (either may be ``None``)."""
+    if weight is not None:
+        y.mul_(weight)
+    if bias is not None:
+        y.add_(bias)
+    return y
+
+
+# ---------------------------------------------------------------------------
+# LayerNorm
+# ---------------------------------------------------------------------------
 
 
 def check_layer_norm_args(input, normalized_shape, weight, bias, eps) -> tuple[tuple[int, ...], float]:
@@ -99,14 +203,108 @@ def check_layer_norm_args(input, normalized_shape, weight, bias, eps) -> tuple[t
     return shape, check_eps(eps)
 
 
-def check_rms_norm_args(input, normalized_shape, weight, eps) -> tuple[tuple[int, ...], float]:
-    """Validate :func:`rms_norm`'s arguments; returns ``(normalized_shape, eps)``, resolving ``eps=None``."""
-    check_float_tensor(input)
-    shape = normalize_shape(normalized_shape)
-    check_trailing_shape(input, shape)
-    check_param(weight, "weight", shape)
-    eps = torch.finfo(_acc_dtype(input.dtype)).eps if eps is None else check_eps(eps)
-    return shape, eps
+def layer_norm_backward(
+    dy: Tensor,
+    xhat: Tensor,
+    rstd: Tensor,
+    normalized_shape: _shape_t,
+    weight: Optional[Tensor] = None,
+) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    r"""Gradients of :func:`layer_norm`, the textbook formula.
+
+    With :math:`\hat g = \gamma \odot \partial L/\partial y` (the gradient
+    reaching :math:`\hat x`), per row of ``n`` elements
+
+    .. math::
+
+        c_1 = \tfrac1n \textstyle\sum_i \hat g_i, \qquad
+        c_2 = \tfrac1n \textstyle\sum_i \hat g_i \hat x_i, \qquad
+        \frac{\partial L}{\partial x} = \mathrm{rstd}\,(\hat g - c_1 - \hat x\, c_2),
+
+    and, summed over the rows, :math:`\partial L/\partial\gamma = \sum dy \odot \hat x`,
+    :math:`\partial L/\partial\beta = \sum dy`.
+
+    Args:
+        dy: upstream gradient ``(*, *normalized_shape)``, in the compute dtype.
+        xhat: the normalized input :math:`\hat x`, same shape.
+        rstd: :math:`1/\sqrt{\sigma^2+\epsilon}` per row, ``(*, 1, ..., 1)`` (``keepdim``).
+        normalized_shape: the trailing dimensions that were normalized.
+        weight: γ of shape ``normalized_shape``, or ``None``.
+
+    Returns:
+        ``(dx, dweight, dbias)``: ``dx`` like ``dy``; ``dweight`` (``None``
+        without ``weight``) and ``dbias`` of shape ``normalized_shape``.
+
+    Differentiable (its in-place ops act on its own buffer), so a second
+    derivative can run through it. Example:
+        >>> xhat = torch.tensor([[-1., 1.]]); dy = torch.tensor([[1., 0.]])
+        >>> layer_norm_backward(dy, xhat, torch.tensor([[1.]]), (2,))[0]
+        tensor([[0., 0.]])
+    """
+    k = len(normalize_shape(normalized_shape))
+    dims = tuple(range(-k, 0))  # one row
+    rows = tuple(range(dy.dim() - k))  # γ and β are shared by every row
+    dbias = dy.sum(rows)
+    dy_xhat = dy * xhat  # the one full-size buffer this function allocates
+    dweight = dy_xhat.sum(rows) if weight is not None else None
+    if weight is not None:
+        dy_xhat.mul_(weight)  # ĝ ⊙ x̂ = γ ⊙ dy ⊙ x̂
+    c2 = dy_xhat.mean(dims, keepdim=True)
+    ghat = dy_xhat.copy_(dy)  # the buffer is free again: ĝ = γ ⊙ dy goes in it
+    if weight is not None:
+        ghat.mul_(weight)
+    c1 = ghat.mean(dims, keepdim=True)
+    dx = ghat.sub_(c1).addcmul_(xhat, c2, value=-1).mul_(rstd)  # rstd · (ĝ − c1 − x̂ c2)
+    return dx, dweight, dbias
+
+
+
+class _LayerNorm(torch.autograd.Function):
+    """``y = γ ⊙ x̂ + β``; saves ``x`` and the row statistics; backward: :func:`layer_norm_backward`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, shape, weight, bias, eps):
+        acc = _acc_dtype(x.dtype)
+        dims = tuple(range(x.dim() - len(shape), x.dim()))
+        xhat, _, shifted_mean, var = _moments(x.to(acc), dims)  # xhat holds x − μ for now
+        rstd = torch.rsqrt(var + eps)
+        y = _affine_(xhat.mul_(rstd), _as(weight, acc), _as(bias, acc))  # in place
+        return y.to(x.dtype), shifted_mean, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, shape, weight, bias, eps = inputs
+        _, shifted_mean, rstd = output
+        ctx.mark_non_differentiable(shifted_mean, rstd)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, weight, shifted_mean, rstd)
+        ctx.shape, ctx.eps = shape, eps
+        ctx.bias_dtype = None if bias is None else bias.dtype
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        x, weight, shifted_mean, rstd = ctx.saved_tensors
+        if dy is None:
+            return (None,) * 5
+        acc = _acc_dtype(x.dtype)
+        dims = tuple(range(x.dim() - len(ctx.shape), x.dim()))
+        if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
+            xc, _, _, var = _moments(x.to(acc), dims)
+            rstd = torch.rsqrt(var + ctx.eps)
+            xhat = xc * rstd
+        else:
+            xhat = _recentre(x.to(acc), dims, shifted_mean).mul_(rstd)
+        dx, dweight, dbias = layer_norm_backward(dy.to(acc), xhat, rstd, ctx.shape, _as(weight, acc))
+        need = ctx.needs_input_grad
+        return (
+            dx.to(x.dtype) if need[0] else None,
+            None,
+            dweight.to(weight.dtype) if need[2] else None,
+            dbias.to(ctx.bias_dtype) if need[3] else None,
+            None,
+        )
 
 
 def layer_norm(
@@ -121,7 +319,7 @@ def layer_norm(
     .. math:: y = \frac{x - \mathrm{E}[x]}{\sqrt{\mathrm{Var}[x] + \epsilon}} \odot \gamma + \beta
 
     with the biased variance (divide by ``n``), as in Ba et al. (2016) and
-    :func:`torch.nn.functional.layer_norm`.
+    :func:`torch.nn.functional.layer_norm`. Gradients: :func:`layer_norm_backward`.
 
     Args:
         input: floating-point tensor ``(*, *normalized_shape)``.
@@ -139,16 +337,115 @@ def layer_norm(
                 [-1.,  1.]])
     """
     shape, eps = check_layer_norm_args(input, normalized_shape, weight, bias, eps)
-    acc = _acc_dtype(input.dtype)
-    dims = tuple(range(-len(shape), 0))
-    xc, _, var = moments(input.to(acc), dims)
-    rstd = torch.rsqrt(var + eps)
-    y = xc * rstd
+    return _LayerNorm.apply(input, shape, weight, bias, eps)[0]
+
+
+# ---------------------------------------------------------------------------
+# RMSNorm
+# ---------------------------------------------------------------------------
+
+
+def check_rms_norm_args(input, normalized_shape, weight, eps) -> tuple[tuple[int, ...], float]:
+    """Validate :func:`rms_norm`'s arguments; returns ``(normalized_shape, eps)``, resolving ``eps=None``."""
+    check_float_tensor(input)
+    shape = normalize_shape(normalized_shape)
+    check_trailing_shape(input, shape)
+    check_param(weight, "weight", shape)
+    eps = torch.finfo(_acc_dtype(input.dtype)).eps if eps is None else check_eps(eps)
+    return shape, eps
+
+
+def _rrms(x: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
+    """``1 / sqrt(mean(x²) + eps)`` over ``dims`` (``keepdim``)."""
+    return torch.rsqrt(_sum_of_squares(x, dims) / _numel(x, dims) + eps)
+
+
+def rms_norm_backward(
+    dy: Tensor,
+    x: Tensor,
+    rrms: Tensor,
+    normalized_shape: _shape_t,
+    weight: Optional[Tensor] = None,
+) -> tuple[Tensor, Optional[Tensor]]:
+    r"""Gradients of :func:`rms_norm`: LayerNorm's formula without the mean.
+
+    With :math:`\hat x = x\,\mathrm{rrms}`, :math:`\mathrm{rrms} = 1/\sqrt{\overline{x^2}+\epsilon}`
+    and :math:`\hat g = \gamma \odot \partial L/\partial y`, per row of ``n`` elements
+
+    .. math::
+
+        c_2 = \tfrac1n \textstyle\sum_i \hat g_i \hat x_i, \qquad
+        \frac{\partial L}{\partial x} = \mathrm{rrms}\,(\hat g - \hat x\, c_2),
+
+    and :math:`\partial L/\partial\gamma = \sum dy \odot \hat x` over the rows.
+    There is no :math:`c_1`: RMSNorm does not subtract the mean. Since
+    :math:`\hat x` is just ``x`` scaled per row, the formula takes ``x`` and
+    folds ``rrms`` into the per-row factors instead of storing :math:`\hat x`.
+
+    Args:
+        dy: upstream gradient ``(*, *normalized_shape)``, in the compute dtype.
+        x: the input, same shape (any float dtype).
+        rrms: per row, ``(*, 1, ..., 1)`` (``keepdim``), in the compute dtype.
+        normalized_shape: the trailing dimensions that were normalized.
+        weight: γ of shape ``normalized_shape``, or ``None``.
+
+    Returns:
+        ``(dx, dweight)`` (RMSNorm has no bias); ``dweight`` is ``None`` without ``weight``.
+    """
+    k = len(normalize_shape(normalized_shape))
+    dims = tuple(range(-k, 0))  # one row
+    rows = tuple(range(dy.dim() - k))  # γ is shared by every row
+    dy_xhat = (dy * x).mul_(rrms)  # dy ⊙ x̂: the one full-size buffer this function allocates
+    dweight = dy_xhat.sum(rows) if weight is not None else None
     if weight is not None:
-        y = y * weight.to(acc)
-    if bias is not None:
-        y = y + bias.to(acc)
-    return y.to(input.dtype)
+        dy_xhat.mul_(weight)  # ĝ ⊙ x̂
+    c2 = dy_xhat.mean(dims, keepdim=True)
+    ghat = dy_xhat.copy_(dy)  # the buffer is free again: ĝ = γ ⊙ dy goes in it
+    if weight is not None:
+        ghat.mul_(weight)
+    dx = ghat.addcmul_(x, rrms * c2, value=-1).mul_(rrms)  # rrms · (ĝ − x̂ c2)
+    return dx, dweight
+
+
+class _RMSNorm(torch.autograd.Function):
+    """``y = γ ⊙ x · rrms``; saves ``x`` and ``rrms``; backward: :func:`rms_norm_backward`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, shape, weight, eps):
+        acc = _acc_dtype(x.dtype)
+        dims = tuple(range(x.dim() - len(shape), x.dim()))
+        xa = x.to(acc)
+        rrms = _rrms(xa, dims, eps)
+        y = _affine_(xa * rrms, _as(weight, acc), None)  # x̂, then γ ⊙ x̂ in place
+        return y.to(x.dtype), rrms
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, shape, weight, eps = inputs
+        _, rrms = output
+        ctx.mark_non_differentiable(rrms)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, weight, rrms)
+        ctx.shape, ctx.eps = shape, eps
+
+    @staticmethod
+    def backward(ctx, dy, _):
+        x, weight, rrms = ctx.saved_tensors
+        if dy is None:
+            return (None,) * 4
+        acc = _acc_dtype(x.dtype)
+        if torch.is_grad_enabled():  # create_graph: rrms as a differentiable function of x
+            rrms = _rrms(x.to(acc), tuple(range(x.dim() - len(ctx.shape), x.dim())), ctx.eps)
+        dx, dweight = rms_norm_backward(dy.to(acc), x, rrms, ctx.shape, _as(weight, acc))
+        need = ctx.needs_input_grad
+        return (
+            dx.to(x.dtype) if need[0] else None,
+            None,
+            dweight.to(weight.dtype) if need[2] else None,
+            None,
+        )
 
 
 def rms_norm(
@@ -164,6 +461,7 @@ def rms_norm(
     No mean is subtracted and there is no bias. The mean of squares is
     accumulated in float32, so float16 input with ``|x|`` in the hundreds does
     not overflow (``300**2`` exceeds float16's maximum of 65504).
+    Gradients: :func:`rms_norm_backward`.
 
     Args:
         input: floating-point tensor ``(*, *normalized_shape)``.
@@ -180,14 +478,12 @@ def rms_norm(
         tensor([[0.8485, 1.1314]])
     """
     shape, eps = check_rms_norm_args(input, normalized_shape, weight, eps)
-    acc = _acc_dtype(input.dtype)
-    dims = tuple(range(-len(shape), 0))
-    x = input.to(acc)
-    rrms = torch.rsqrt((x * x).mean(dims, keepdim=True) + eps)
-    y = x * rrms
-    if weight is not None:
-        y = y * weight.to(acc)
-    return y.to(input.dtype)
+    return _RMSNorm.apply(input, shape, weight, eps)[0]
+
+
+# ---------------------------------------------------------------------------
+# BatchNorm
+# ---------------------------------------------------------------------------
 
 
 def _check_running(stat: Optional[Tensor], name: str, num_channels: int) -> None:
@@ -211,6 +507,159 @@ def _update_running(
     running.copy_(new)
 
 
+def batch_norm_backward(
+    dy: Tensor,
+    xhat: Tensor,
+    rstd: Tensor,
+    weight: Optional[Tensor] = None,
+    training: bool = True,
+) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    r"""Gradients of :func:`batch_norm`, the textbook formula.
+
+    Per channel, over the ``n`` values (every sample, every position) that
+    share its statistics,
+
+    .. math::
+
+        \frac{\partial L}{\partial\beta} = \sum dy, \qquad
+        \frac{\partial L}{\partial\gamma} = \sum dy \odot \hat x, \qquad
+        \frac{\partial L}{\partial x} = \gamma\,\mathrm{rstd}\,\Big(dy - c_1 - \hat x\, c_2\Big)
+        \quad\text{with}\quad c_1 = \tfrac1n\tfrac{\partial L}{\partial\beta},\;
+        c_2 = \tfrac1n\tfrac{\partial L}{\partial\gamma} .
+
+    In training the batch statistics couple the samples: the two subtracted
+    terms carry every sample's gradient into every other's. In evaluation
+    (``training=False``) the running statistics are constants, and
+    :math:`\partial L/\partial x = \gamma\,\mathrm{rstd}\,dy`. γ is constant
+    over a channel's values, so it factors out: ``c1`` and ``c2`` are simply
+    the parameter gradients divided by ``n``.
+
+    Args:
+        dy: upstream gradient ``(N, C, *)``, in the compute dtype.
+        xhat: :math:`\hat x`, same shape.
+        rstd: ``(C,)``, from the batch (training) or the running variance.
+        weight: γ ``(C,)`` or ``None``.
+        training: whether the statistics came from this batch.
+
+    Returns:
+        ``(dx, dweight, dbias)``; ``dweight`` is ``None`` without ``weight``.
+    """
+    dims = (0,) + tuple(range(2, dy.dim()))  # everything but the channel
+    view = lambda t: _channel_view(t, dy.dim())  # noqa: E731  (C,) -> (1, C, 1, ...)
+    n = _numel(dy, dims)
+    dbias = dy.sum(dims)
+    dy_xhat = dy * xhat  # the one full-size buffer this function allocates
+    dweight = dy_xhat.sum(dims)
+    scale = rstd if weight is None else rstd * weight  # γ · rstd per channel
+    dx = dy_xhat.copy_(dy)
+    if training:
+        c1, c2 = dbias / n, dweight / n  # mean(dy), mean(dy ⊙ x̂) per channel
+        dx.sub_(view(c1)).addcmul_(xhat, view(c2), value=-1)
+    dx.mul_(view(scale))
+    return dx, (dweight if weight is not None else None), dbias
+
+
+def _bn_dims(x: Tensor) -> tuple[int, ...]:
+    return (0,) + tuple(range(2, x.dim()))
+
+
+def _bn_affine_(xc: Tensor, scale: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``xc · scale + β`` per channel, in place (``scale = γ · rstd``)."""
+    view = lambda t: _channel_view(t, xc.dim())  # noqa: E731
+    return _affine_(xc, view(scale), None if bias is None else view(bias))
+
+
+class _BatchNormTrain(torch.autograd.Function):
+    """BatchNorm with the batch's statistics; backward: :func:`batch_norm_backward`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, weight, bias, eps):
+        acc = _acc_dtype(x.dtype)
+        C = x.shape[1]
+        xc, mean, shifted_mean, var = _moments(x.to(acc), _bn_dims(x))
+        rstd = torch.rsqrt(var + eps).reshape(C)
+        scale = rstd if weight is None else rstd * weight.to(acc)  # γ · rstd
+        y = _bn_affine_(xc, scale, _as(bias, acc))  # (x − μ) · γ · rstd + β, in place
+        return y.to(x.dtype), mean.reshape(C), var.reshape(C), shifted_mean, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, eps = inputs
+        _, mean, var, shifted_mean, rstd = output
+        ctx.mark_non_differentiable(mean, var, shifted_mean, rstd)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, weight, shifted_mean, rstd)
+        ctx.eps = eps
+        ctx.bias_dtype = None if bias is None else bias.dtype
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        x, weight, shifted_mean, rstd = ctx.saved_tensors
+        if dy is None:
+            return (None,) * 4
+        acc = _acc_dtype(x.dtype)
+        dims = _bn_dims(x)
+        if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
+            xc, _, _, var = _moments(x.to(acc), dims)
+            rstd = torch.rsqrt(var + ctx.eps).reshape(-1)
+            xhat = xc * _channel_view(rstd, x.dim())
+        else:
+            xhat = _recentre(x.to(acc), dims, shifted_mean).mul_(_channel_view(rstd, x.dim()))
+        dx, dweight, dbias = batch_norm_backward(dy.to(acc), xhat, rstd, _as(weight, acc), training=True)
+        need = ctx.needs_input_grad
+        return (
+            dx.to(x.dtype) if need[0] else None,
+            dweight.to(weight.dtype) if need[1] else None,
+            dbias.to(ctx.bias_dtype) if need[2] else None,
+            None,
+        )
+
+
+class _BatchNormEval(torch.autograd.Function):
+    """BatchNorm with the running statistics; backward: :func:`batch_norm_backward` (``training=False``)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, running_mean, running_var, weight, bias, eps):
+        acc = _acc_dtype(x.dtype)
+        xc = x.to(acc) - _channel_view(running_mean.to(acc), x.dim())
+        rstd = torch.rsqrt(running_var.to(acc) + eps)
+        scale = rstd if weight is None else rstd * weight.to(acc)
+        y = _bn_affine_(xc, scale, _as(bias, acc))
+        return y.to(x.dtype), rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, running_mean, running_var, weight, bias, eps = inputs
+        _, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, running_mean, weight, rstd)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+
+    @staticmethod
+    def backward(ctx, dy, _):
+        x, running_mean, weight, rstd = ctx.saved_tensors
+        if dy is None:
+            return (None,) * 6
+        acc = _acc_dtype(x.dtype)
+        view = lambda t: _channel_view(t, x.dim())  # noqa: E731
+        xhat = (x.to(acc) - view(running_mean.to(acc))).mul_(view(rstd))
+        dx, dweight, dbias = batch_norm_backward(dy.to(acc), xhat, rstd, _as(weight, acc), training=False)
+        need = ctx.needs_input_grad
+        return (
+            dx.to(x.dtype) if need[0] else None,
+            None,
+            None,
+            dweight.to(weight.dtype) if need[3] else None,
+            dbias.to(ctx.bias_dtype) if need[4] else None,
+            None,
+        )
+
+
 def batch_norm(
     input: Tensor,
     running_mean: Optional[Tensor],
@@ -232,6 +681,7 @@ def batch_norm(
 
     where the stored variance is the *unbiased* estimate (``n`` values per
     channel). In evaluation the running statistics are used instead.
+    Gradients: :func:`batch_norm_backward`.
 
     Args:
         input: floating-point tensor ``(N, C)`` or ``(N, C, *)``.
@@ -260,30 +710,136 @@ def batch_norm(
     if not training and running_mean is None:
         raise ValueError("batch_norm in evaluation (training=False) needs running_mean and running_var")
 
-    acc = _acc_dtype(input.dtype)
-    x = input.to(acc)
-    if training:
-        dims = (0,) + tuple(range(2, input.dim()))
-        n = input.numel() // C if C else 0
-        if n == 1:
-            raise ValueError(
-                f"batch_norm in training needs more than 1 value per channel to "
-                f"estimate a variance (got input of shape {list(input.shape)})"
-            )
-        xc, mean, var = moments(x, dims)
-        y = xc * torch.rsqrt(var + eps)
-        if running_mean is not None and n > 1:
-            _update_running(running_mean, mean.reshape(C), momentum)
-            _update_running(running_var, var.reshape(C) * (n / (n - 1)), momentum)
-    else:
-        mean = _channel_view(running_mean.to(acc), input.dim())
-        rstd = torch.rsqrt(_channel_view(running_var.to(acc), input.dim()) + eps)
-        y = (x - mean) * rstd
-    if weight is not None:
-        y = y * _channel_view(weight.to(acc), input.dim())
-    if bias is not None:
-        y = y + _channel_view(bias.to(acc), input.dim())
-    return y.to(input.dtype)
+    if not training:
+        return _BatchNormEval.apply(input, running_mean, running_var, weight, bias, eps)[0]
+    n = input.numel() // C if C else 0
+    if n == 1:
+        raise ValueError(
+            f"batch_norm in training needs more than 1 value per channel to "
+            f"estimate a variance (got input of shape {list(input.shape)})"
+        )
+    y, mean, var, _, _ = _BatchNormTrain.apply(input, weight, bias, eps)
+    if running_mean is not None and n > 1:
+        _update_running(running_mean, mean, momentum)
+        _update_running(running_var, var * (n / (n - 1)), momentum)
+    return y
+
+
+# ---------------------------------------------------------------------------
+# GroupNorm and InstanceNorm
+# ---------------------------------------------------------------------------
+
+
+def _grouped(x: Tensor, G: int) -> tuple[int, int, int, int]:
+    """``(N, G, C/G, S)``: the shape in which each (sample, group) is one slice over dims (2, 3)."""
+    N, C = x.shape[:2]
+    S = 1
+    for s in x.shape[2:]:
+        S *= s
+    return (N, G, C // G, S)
+
+
+def group_norm_backward(
+    dy: Tensor,
+    xhat: Tensor,
+    rstd: Tensor,
+    num_groups: int,
+    weight: Optional[Tensor] = None,
+) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    r"""Gradients of :func:`group_norm`: LayerNorm's formula, once per (sample, group).
+
+    With :math:`\hat g = \gamma \odot \partial L/\partial y` (γ per channel),
+    over the ``m = (C/G)·(spatial)`` values of one group of one sample
+
+    .. math::
+
+        c_1 = \tfrac1m \textstyle\sum \hat g, \qquad
+        c_2 = \tfrac1m \textstyle\sum \hat g \odot \hat x, \qquad
+        \frac{\partial L}{\partial x} = \mathrm{rstd}\,(\hat g - c_1 - \hat x\, c_2),
+
+    and per channel, over samples and positions, :math:`\partial L/\partial\gamma =
+    \sum dy \odot \hat x`, :math:`\partial L/\partial\beta = \sum dy`. Since γ is
+    constant over a channel's positions, ``c1`` and ``c2`` come from per-channel
+    sums of ``dy`` and ``dy ⊙ x̂`` (those the parameter gradients need anyway),
+    weighted by γ: no full-size ``ĝ`` is formed. InstanceNorm is the case
+    ``num_groups = C``.
+
+    Args:
+        dy: upstream gradient ``(N, C, *)``, in the compute dtype.
+        xhat: :math:`\hat x`, same shape.
+        rstd: ``(N, G)``.
+        num_groups: ``G``.
+        weight: γ ``(C,)`` or ``None``.
+
+    Returns:
+        ``(dx, dweight, dbias)``; ``dweight`` is ``None`` without ``weight``.
+    """
+    N, G, Cg, S = _grouped(dy, num_groups)
+    m = Cg * S
+    dy4, xhat4 = dy.reshape(N, G, Cg, S), xhat.reshape(N, G, Cg, S)  # (N, G, C/G, S)
+    rstd = rstd.reshape(N, G, 1, 1)
+    w = 1.0 if weight is None else weight.reshape(1, G, Cg, 1)
+    dy_xhat = dy4 * xhat4  # the one full-size buffer this function allocates
+    sum_dy = dy4.sum(3, keepdim=True)  # (N, G, C/G, 1): per sample and channel
+    sum_dy_xhat = dy_xhat.sum(3, keepdim=True)
+    c1 = (w * sum_dy).sum(2, keepdim=True) / m  # mean(ĝ) per (sample, group)
+    c2 = (w * sum_dy_xhat).sum(2, keepdim=True) / m  # mean(ĝ ⊙ x̂)
+    # rstd · (ĝ − c1 − x̂ c2) = dy · (γ rstd) − rstd c1 − x̂ · (rstd c2)
+    dx = dy_xhat.copy_(dy4).mul_(w * rstd).sub_(rstd * c1).addcmul_(xhat4, rstd * c2, value=-1)
+    dweight = sum_dy_xhat.sum(0).reshape(-1) if weight is not None else None
+    return dx.reshape(dy.shape), dweight, sum_dy.sum(0).reshape(-1)
+
+
+class _GroupNorm(torch.autograd.Function):
+    """GroupNorm (and InstanceNorm); backward: :func:`group_norm_backward`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, G, weight, bias, eps):
+        acc = _acc_dtype(x.dtype)
+        N, G, Cg, S = _grouped(x, G)
+        xc, mean, shifted_mean, var = _moments(x.to(acc).reshape(N, G, Cg, S), (2, 3))
+        rstd = torch.rsqrt(var + eps)  # (N, G, 1, 1)
+        scale = rstd if weight is None else rstd * weight.to(acc).reshape(1, G, Cg, 1)  # γ · rstd
+        b = None if bias is None else bias.to(acc).reshape(1, G, Cg, 1)
+        y = _affine_(xc, scale, b)  # (x − μ) · γ · rstd + β, in place
+        return y.reshape(x.shape).to(x.dtype), mean.reshape(N, G), var.reshape(N, G), shifted_mean, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, G, weight, bias, eps = inputs
+        _, mean, var, shifted_mean, rstd = output
+        ctx.mark_non_differentiable(mean, var, shifted_mean, rstd)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, weight, shifted_mean, rstd)
+        ctx.G, ctx.eps = G, eps
+        ctx.bias_dtype = None if bias is None else bias.dtype
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        x, weight, shifted_mean, rstd = ctx.saved_tensors
+        if dy is None:
+            return (None,) * 5
+        acc = _acc_dtype(x.dtype)
+        xg = x.to(acc).reshape(_grouped(x, ctx.G))
+        if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
+            xc, _, _, var = _moments(xg, (2, 3))
+            rstd = torch.rsqrt(var + ctx.eps)
+            xhat = xc * rstd
+        else:
+            xhat = _recentre(xg, (2, 3), shifted_mean).mul_(rstd)
+        dx, dweight, dbias = group_norm_backward(
+            dy.to(acc), xhat.reshape(x.shape), rstd, ctx.G, _as(weight, acc)
+        )
+        need = ctx.needs_input_grad
+        return (
+            dx.to(x.dtype) if need[0] else None,
+            None,
+            dweight.to(weight.dtype) if need[2] else None,
+            dbias.to(ctx.bias_dtype) if need[3] else None,
+            None,
+        )
 
 
 def group_norm(
@@ -299,7 +855,7 @@ def group_norm(
     consecutive channels; each (sample, group) is normalized over its channels
     and all spatial positions, then γ/β are applied per channel.
     ``num_groups=1`` is LayerNorm over ``(C, *)``; ``num_groups=C`` is
-    InstanceNorm.
+    InstanceNorm. Gradients: :func:`group_norm_backward`.
 
     Args:
         input: floating-point tensor ``(N, C, *)``.
@@ -318,17 +874,7 @@ def group_norm(
     check_param(weight, "weight", (C,))
     check_param(bias, "bias", (C,))
     eps = check_eps(eps)
-
-    acc = _acc_dtype(input.dtype)
-    N = input.shape[0]
-    x = input.to(acc).reshape(N, G, input[0].numel() // G if N else 0)  # (N, G, C/G * prod(*))
-    xc, _, var = moments(x, (2,))
-    y = (xc * torch.rsqrt(var + eps)).reshape(input.shape)  # (N, C, *)
-    if weight is not None:
-        y = y * _channel_view(weight.to(acc), input.dim())
-    if bias is not None:
-        y = y + _channel_view(bias.to(acc), input.dim())
-    return y.to(input.dtype)
+    return _GroupNorm.apply(input, G, weight, bias, eps)[0]
 
 
 def instance_norm(
@@ -343,11 +889,13 @@ def instance_norm(
 ) -> Tensor:
     r"""Instance normalization (Ulyanov et al., 2016) of ``(N, C, *)`` input.
 
-    Each (sample, channel) is normalized over its spatial positions alone.
-    With ``use_input_stats`` and running statistics given, these are updated
-    like :func:`batch_norm`'s with the per-instance statistics averaged over
-    the batch (the unbiased variance again); with ``use_input_stats=False``
-    the running statistics normalize instead.
+    Each (sample, channel) is normalized over its spatial positions alone:
+    GroupNorm with one channel per group, which is how it is computed (and
+    differentiated: :func:`group_norm_backward`). With ``use_input_stats`` and
+    running statistics given, these are updated like :func:`batch_norm`'s
+    with the per-instance statistics averaged over the batch (the unbiased
+    variance again); with ``use_input_stats=False`` the running statistics
+    normalize instead.
 
     Args:
         input: floating-point tensor ``(N, C, L)``, ``(N, C, H, W)``, ...
@@ -373,24 +921,14 @@ def instance_norm(
             raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
 
-    acc = _acc_dtype(input.dtype)
-    spatial = tuple(range(2, input.dim()))
-    n = 1
-    for d in spatial:
-        n *= input.shape[d]
+    n = _numel(input, range(2, input.dim()))
     if n == 1:
         raise ValueError(
             f"instance_norm needs more than 1 spatial element per channel "
             f"(got input of shape {list(input.shape)})"
         )
-    xc, mean, var = moments(input.to(acc), spatial)
-    y = xc * torch.rsqrt(var + eps)
+    y, mean, var, _, _ = _GroupNorm.apply(input, C, weight, bias, eps)  # (N, C) statistics
     if running_mean is not None and input.shape[0] > 0:
-        _update_running(running_mean, mean.reshape(input.shape[:2]).mean(0), momentum)
-        unbiased = var.reshape(input.shape[:2]) * (n / (n - 1))
-        _update_running(running_var, unbiased.mean(0), momentum)
-    if weight is not None:
-        y = y * _channel_view(weight.to(acc), input.dim())
-    if bias is not None:
-        y = y + _channel_view(bias.to(acc), input.dim())
-    return y.to(input.dtype)
+        _update_running(running_mean, mean.mean(0), momentum)
+        _update_running(running_var, (var * (n / (n - 1))).mean(0), momentum)
+    return y

@@ -80,3 +80,33 @@ def test_low_precision_inputs_are_computed_in_float32():
     ref = TF.layer_norm(x.double(), (300,))
     # only the final rounding to bfloat16 (8 bits) remains
     assert (y.double() - ref).abs().max() <= 2**-7 * ref.abs().max()
+
+
+@pytest.mark.parametrize("offset", [1e4, 1e6])
+def test_backward_at_a_large_offset_stays_accurate(offset):
+    # The written-out backward recomputes x̂ from the saved x and the shifted mean:
+    # its gradient must be as accurate as the forward, far from zero too.
+    torch.manual_seed(0)
+    n = 1000
+    x = (offset + torch.randn(8, n, dtype=torch.float64)).float()
+    dy = torch.randn(8, n)
+    xs = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(F.layer_norm(xs, (n,)), xs, dy)
+    xd = x.double().requires_grad_()
+    (ref,) = torch.autograd.grad(TF.layer_norm(xd, (n,), eps=1e-5), xd, dy.double())
+    assert torch.isfinite(g).all()
+    scale = ref.abs().max()
+    assert ((g.double() - ref).abs().max() / scale) <= 4 * offset * 2.0**-24 + 1e-5
+
+
+def test_constant_rows_give_zero_gradient_and_exact_bias_gradient():
+    # A constant row: x̂ = 0 exactly, so dγ gets nothing from it and dx = rstd·(ĝ − mean ĝ).
+    x = torch.full((3, 16), 1e4, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    b = torch.randn(16, requires_grad=True)
+    dy = torch.randn(3, 16)
+    F.layer_norm(x, (16,), w, b).backward(dy)
+    assert torch.equal(w.grad, torch.zeros(16))
+    assert torch.equal(b.grad, dy.sum(0))
+    ghat = w.detach() * dy
+    torch.testing.assert_close(x.grad, (ghat - ghat.mean(-1, keepdim=True)) * (1e-5) ** -0.5)

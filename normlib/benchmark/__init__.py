@@ -479,8 +479,21 @@ def _write_json(data: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    """The command line: ``python -m normlib.benchmark --help``."""
+    """The command line: ``python -m normlib.benchmark --help``.
+
+    ``--device cpu`` runs the CPU benchmark of the reference path instead
+    (:mod:`normlib.benchmark.cpu`, which takes its own options).
+    """
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    known, argv = device.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if known.device == "cpu":
+        from .cpu import main as cpu_main
+
+        return cpu_main(argv)
     parser = argparse.ArgumentParser(prog="python -m normlib.benchmark", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cuda (default): this GPU benchmark; cpu: normlib.benchmark.cpu")
     parser.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
     parser.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS))
