@@ -236,7 +236,9 @@ def layer_norm_backward(
         without ``weight``) and ``dbias`` of shape ``normalized_shape``.
 
     Differentiable (its in-place ops act on its own buffer), so a second
-    derivative can run through it. Example:
+    derivative can run through it.
+
+    Example:
         >>> xhat = torch.tensor([[-1., 1.]]); dy = torch.tensor([[1., 0.]])
         >>> layer_norm_backward(dy, xhat, torch.tensor([[1.]]), (2,))[0]
         tensor([[0., 0.]])
