@@ -37,7 +37,8 @@ CELL_ID = "normlib-setup"
 
 HEADER = """\
 # Set-up for running this chapter outside the book's own environment (Colab,
-# Binder, a downloaded notebook): install normlib if it cannot be imported.
+# Binder, a downloaded notebook): if normlib cannot be imported, install it from
+# the book's repository when one was configured, or explain how to install it.
 # In the book's environment normlib is installed and this cell does nothing.
 import importlib.util
 """
