@@ -31,7 +31,6 @@ computes.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Optional
 
 import torch
@@ -40,6 +39,7 @@ from torch.autograd.function import once_differentiable
 
 from . import functional as F
 from ._checks import check_dtypes, check_eps, check_float_tensor, check_momentum, check_positive_int
+from .normalization import _accepts_bias
 
 __all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "combine_moments", "local_moments"]
 
@@ -299,18 +299,6 @@ class SyncBatchNormFunction(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
 
-def _batchnorm_classes() -> tuple[type, ...]:
-    """The BatchNorm classes :meth:`SyncBatchNorm.convert_sync_batchnorm` converts."""
-    from . import batchnorm as nl_batchnorm
-
-    ours = tuple(
-        getattr(nl_batchnorm, name)
-        for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
-        if hasattr(nl_batchnorm, name)
-    )
-    return (nn.modules.batchnorm._BatchNorm,) + ours
-
-
 class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     r"""Batch normalization of ``(N, C, *)`` input with statistics over every process of a group.
 
@@ -372,7 +360,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         num_features = check_positive_int(num_features, "num_features")
         eps, momentum = check_eps(eps), check_momentum(momentum)
         # torch < 2.13 has no `bias` argument: then drop the bias after construction.
-        extra = {"bias": bias} if "bias" in inspect.signature(nn.modules.batchnorm._NormBase.__init__).parameters else {}
+        extra = {"bias": bias} if _accepts_bias(nn.modules.batchnorm._NormBase) else {}
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, **extra)
         if affine and not bias and self.bias is not None:
             self.bias = None
@@ -468,7 +456,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         """
         if isinstance(module, cls):
             return module
-        if isinstance(module, _batchnorm_classes()):
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):  # normlib's BatchNorm classes are subclasses
             for name in ("weight", "bias"):
                 p = getattr(module, name, None)
                 if isinstance(p, nn.parameter.UninitializedParameter):

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as _dt
-import json
 import os
 import platform
 import statistics
@@ -45,6 +44,7 @@ import torch
 from torch import nn
 
 from .. import functional as nf
+from . import _write_json
 
 __all__ = ["Case", "CASES", "TARGETS", "saved_bytes", "run_case", "run_bert", "provenance", "main"]
 
@@ -422,13 +422,6 @@ def plot(data: dict, path: str):
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-def _write_json(data: dict, path: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -60,18 +60,6 @@ def _bench(fn: Callable[[], object]) -> float:
     return float(do_bench(graph.replay, warmup=10, rep=50, return_mode="median"))
 
 
-def warm_up_gpu(seconds: float = 2.0) -> None:
-    """Keep the GPU busy for a while so that its clocks have ramped up before anything is timed."""
-    import time
-
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(20):
-            a @ a
-        torch.cuda.synchronize()
-
-
 class Case:
     """Inputs of one (op, dtype, M, N), its forward outputs, and a gradient to push back."""
 
@@ -239,6 +227,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("normlib.ops.tune: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from normlib.benchmark import warm_up_gpu
     from normlib.ops import _kernels as K
 
     base = _load(args.baseline) if args.baseline else None
