@@ -19,9 +19,23 @@ What travels, per layer and training step (``C`` channels, ``W`` processes):
   The gradients of ``weight``/``bias`` stay local (the data-parallel wrapper,
   e.g. ``DistributedDataParallel``, reduces them like any other parameter's).
 
-The first synchronised forward of each layer adds one small ``all_gather``
-(two numbers per rank) that checks every rank has the same channel count, so
-that a mismatch raises a ``ValueError`` on every rank instead of hanging.
+Failures are answered on every rank, within a bounded time, never by a hang
+and never by normalizing with another step's batch:
+
+* each rank checks its own input *before* the collective and, instead of
+  raising alone (which would leave the others waiting), sends a status with
+  its statistics; if any rank's input is bad, every rank raises at the same
+  step, the bad rank with its own ``TypeError``/``ValueError`` and the others
+  with a :class:`SyncBatchNormError` naming that rank and what was wrong;
+* each rank sends its step count of the layer too: ranks that drifted apart
+  (one skipped a forward and went on) raise instead of mixing two steps;
+* every collective waits at most ``timeout`` seconds (default 60): a rank that
+  never arrives (it runs the layer in ``eval()`` mode, or stopped before it)
+  makes the others raise a :class:`SyncBatchNormError` that names the ranks
+  missing and, where they recorded it, why (a rank records in the process
+  group's store when its layer switches between training and evaluation);
+* the first synchronised forward of each layer adds one small ``all_gather``
+  that checks every rank built the layer with the same channel count.
 
 In evaluation, without an initialised process group, or with a group of one
 process, :class:`SyncBatchNorm` computes exactly what
@@ -31,6 +45,10 @@ computes.
 
 from __future__ import annotations
 
+import datetime
+import itertools
+import math
+import numbers
 from typing import Any, Optional
 
 import torch
@@ -38,10 +56,17 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from . import functional as F
-from ._checks import check_dtypes, check_eps, check_float_tensor, check_momentum, check_positive_int
-from .normalization import _accepts_bias
+from ._checks import check_float_tensor
+from .batchnorm import _NormBase
 
-__all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "combine_moments", "local_moments"]
+__all__ = [
+    "SyncBatchNorm",
+    "SyncBatchNormError",
+    "SyncBatchNormFunction",
+    "DistributedDataParallel",
+    "combine_moments",
+    "local_moments",
+]
 
 # Statistics travel as float64 whatever the input's dtype: counts stay exact
 # (float32 counts stop being integers past 2**24 values per channel) and the
@@ -109,6 +134,9 @@ def local_moments(x: Tensor) -> tuple[int, Tensor, Tensor]:
         >>> n, mean.tolist(), m2.tolist()
         (12, [1000000.0, 1000000.0], [0.0, 0.0])
     """
+    check_float_tensor(x, "x")
+    if x.dim() < 2:
+        raise ValueError(f"local_moments expects x of shape (N, C, *) (got {x.dim()}D x of shape {list(x.shape)})")
     x = x.to(_acc_dtype(x.dtype))
     n, x0, _, shifted_mean, m2 = _shifted_moments(x)
     return n, x0.to(_WIRE) + shifted_mean.to(_WIRE), m2.to(_WIRE)
@@ -152,12 +180,22 @@ def combine_moments(count: Tensor, mean: Tensor, m2: Tensor) -> tuple[Tensor, Te
         >>> n.item(), mu.item(), (s / n).item()
         (10.0, 4.5, 8.25)
     """
+    for name, t in (("count", count), ("mean", mean), ("m2", m2)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"combine_moments: {name} must be a torch.Tensor (got {type(t).__name__})")
+    check_float_tensor(mean, "mean")
+    check_float_tensor(m2, "m2")
     if count.dim() != 1 or mean.dim() != 2 or m2.shape != mean.shape or mean.shape[0] != count.shape[0]:
         raise ValueError(
             f"combine_moments expects count (W,), mean (W, C) and m2 (W, C) "
             f"(got {list(count.shape)}, {list(mean.shape)}, {list(m2.shape)})"
         )
-    nonempty = [c > 0 for c in count.tolist()]
+    if count.shape[0] == 0:
+        raise ValueError("combine_moments needs at least one part (got count of shape [0])")
+    counts = count.tolist()
+    if any(not math.isfinite(c) or c < 0 or c != int(c) for c in counts):
+        raise ValueError(f"combine_moments: count must hold non-negative whole numbers (got {counts})")
+    nonempty = [c > 0 for c in counts]
     count = count.to(mean.dtype)
     n_a = count[0]
     mean_a = mean[0] if nonempty[0] else torch.zeros_like(mean[0])
@@ -174,15 +212,174 @@ def combine_moments(count: Tensor, mean: Tensor, m2: Tensor) -> tuple[Tensor, Te
     return n_a, mean_a, m2_a
 
 
+class SyncBatchNormError(RuntimeError):
+    """A failure of the process group as a whole: another rank's bad input, ranks at different steps, a timeout."""
+
+
+# The per-step message of each rank: a fixed header, then C means and C sums of squared deviations.
+_STATUS, _STEP, _COUNT, _DEVICE, _NDIM, _SHAPE = 0, 1, 2, 3, 4, 5
+_SHAPE_FIELDS = 6  # the first dimensions of the input's shape, for the error message on other ranks
+_HEADER = _SHAPE + _SHAPE_FIELDS
+# What a rank found wrong with its own input (the status field).
+_OK, _BAD_INPUT_TYPE, _BAD_DIMS, _BAD_CHANNELS, _BAD_DTYPE, _BAD_DEVICE, _BAD_OTHER = range(7)
+_REASONS = {
+    _BAD_INPUT_TYPE: "its input is not a floating-point tensor",
+    _BAD_DIMS: "its input has fewer than 2 dimensions",
+    _BAD_CHANNELS: "its input has the wrong number of channels",
+    _BAD_DTYPE: "its input's dtype does not match the layer's parameters",
+    _BAD_DEVICE: "its input is on another device than the layer",
+    _BAD_OTHER: "its input was refused",
+}
+
+_DEFAULT_TIMEOUT = 60.0
+
+
 def _group_size(group) -> int:
     return torch.distributed.get_world_size(group)
 
 
-def _check_same_channels(num_channels: int, device: torch.device, group, world_size: int) -> None:
+def _wait(work, timeout: float, what: str, label: str, group, step: Optional[int]) -> None:
+    """Wait for a collective at most ``timeout`` seconds; on timeout raise naming who did not come."""
+    try:
+        ok = work.wait(timeout=datetime.timedelta(seconds=timeout))
+    except RuntimeError as e:  # gloo raises on timeout; a closed connection raises too
+        if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+            raise SyncBatchNormError(
+                f"SyncBatchNorm {label}: the {what} failed on rank {_rank(group)}"
+                f"{_at(step)} ({e}); another process probably stopped"
+            ) from e
+        ok = False
+    if ok is False:
+        raise SyncBatchNormError(
+            f"SyncBatchNorm {label}: rank {_rank(group)} waited {timeout:g} s in the {what}{_at(step)} and "
+            f"not every rank of the process group arrived. {_absentees(group, label)} A rank that runs this "
+            f"layer in eval() mode while others train, or that raised or returned before reaching it, leaves "
+            f"the others waiting. The process group may be unusable after this error; restart the job. "
+            f"(The wait is SyncBatchNorm's `timeout` argument.)"
+        )
+
+
+def _at(step: Optional[int]) -> str:
+    return f" at step {step}" if step else ""
+
+
+def _rank(group) -> int:
+    return torch.distributed.get_rank(group)
+
+
+def _store():
+    """The process group's key-value store, where ranks leave notes for a diagnosis (or None)."""
+    try:
+        return torch.distributed.distributed_c10d._get_default_store()
+    except Exception:  # a private accessor: without it there is only no diagnosis
+        return None
+
+
+def _note_key(label: str, global_rank: int) -> str:
+    return f"normlib/SyncBatchNorm/{label}/rank{global_rank}"
+
+
+def _leave_note(label: str, text: str) -> None:
+    store = _store()
+    if store is not None:
+        try:
+            store.set(_note_key(label, torch.distributed.get_rank()), text)
+        except Exception:  # the note is a courtesy; never let it break training
+            pass
+
+
+def _absentees(group, label: str) -> str:
+    """What the other ranks last recorded about this layer, read without waiting."""
+    store = _store()
+    if store is None:
+        return ""
+    try:
+        ranks = torch.distributed.get_process_group_ranks(group)
+    except Exception:
+        ranks = list(range(torch.distributed.get_world_size()))
+    notes = []
+    for r in ranks:
+        key = _note_key(label, r)
+        try:
+            if store.check([key]):
+                notes.append(f"rank {r}: {store.get(key).decode()}")
+        except Exception:
+            return ""
+    return ("What the ranks recorded about this layer: " + "; ".join(notes) + ".") if notes else ""
+
+
+def _status_of(error: Optional[BaseException], input: Any, num_features: int) -> int:
+    if error is None:
+        return _OK
+    if not isinstance(input, Tensor) or not input.is_floating_point():
+        return _BAD_INPUT_TYPE
+    if input.dim() < 2:
+        return _BAD_DIMS
+    if input.shape[1] != num_features:
+        return _BAD_CHANNELS
+    if "dtype" in str(error):
+        return _BAD_DTYPE
+    if "device" in str(error):
+        return _BAD_DEVICE
+    return _BAD_OTHER
+
+
+def _message(input: Any, num_features: int, step: int, status: int, error: Optional[BaseException],
+             device: torch.device) -> Tensor:
+    """This rank's header, with zeros for statistics (filled in by the caller when the input is good)."""
+    out = torch.zeros(_HEADER + 2 * num_features, dtype=_WIRE, device=device)
+    out[_STATUS], out[_STEP] = status, step
+    if isinstance(input, Tensor):
+        out[_DEVICE] = _device_code(input.device)
+        out[_NDIM] = input.dim()
+        shape = list(input.shape[:_SHAPE_FIELDS]) + [-1] * (_SHAPE_FIELDS - min(input.dim(), _SHAPE_FIELDS))
+        out[_SHAPE : _SHAPE + _SHAPE_FIELDS] = torch.tensor(shape, dtype=_WIRE)
+    return out
+
+
+def _raise_for(table: Tensor, rank: int, num_features: int, label: str, step: Optional[int],
+               error: Optional[BaseException]) -> None:
+    """Every rank reads the same table and raises the same way (the bad rank with its own error)."""
+    status = [int(s) for s in table[:, _STATUS].tolist()]
+    bad = [r for r, s in enumerate(status) if s != _OK]
+    if bad:
+        described = []
+        for r in bad:
+            ndim = int(table[r, _NDIM])
+            shape = [int(v) for v in table[r, _SHAPE : _SHAPE + min(ndim, _SHAPE_FIELDS)].tolist()]
+            shape_text = str(shape) + (" ..." if ndim > _SHAPE_FIELDS else "")
+            described.append(f"rank {r}: {_REASONS[status[r]]} (input of shape {shape_text})")
+        summary = (
+            f"SyncBatchNorm({num_features}) {label}{_at(step)}: "
+            + "; ".join(described)
+            + ". Every rank of the process group raises at this step, so that no rank waits for the others."
+        )
+        if error is not None:
+            raise type(error)(f"{error} [{summary}]") from error
+        raise SyncBatchNormError(summary)
+    steps = [int(s) for s in table[:, _STEP].tolist()]
+    if step and len(set(steps)) > 1:
+        raise SyncBatchNormError(
+            f"SyncBatchNorm {label}: the ranks are at different steps of this layer "
+            f"(rank -> step: {dict(enumerate(steps))}; this is rank {rank}); a rank skipped a forward "
+            f"(for example it caught an error and went on), and normalizing now would mix two steps' batches"
+        )
+    kinds = [_device_name(int(k)) for k in table[:, _DEVICE].tolist()]
+    if len(set(kinds)) > 1:
+        raise SyncBatchNormError(
+            f"SyncBatchNorm {label}: the process group spans devices of different kinds "
+            f"(rank -> device: {dict(enumerate(kinds))}; this is rank {rank}); put the model "
+            f"and its input on the same kind of device in every process"
+        )
+
+
+def _check_same_channels(num_channels: int, device: torch.device, group, world_size: int, timeout: float,
+                         label: str) -> None:
     """All-gather (C, device kind) once so that a mismatch raises on every rank instead of hanging."""
     header = torch.tensor([num_channels, _device_code(device)], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(header) for _ in range(world_size)]
-    torch.distributed.all_gather(gathered, header, group=group)
+    _wait(torch.distributed.all_gather(gathered, header, group=group, async_op=True), timeout,
+          "check of the channel counts", label, group, None)
     table = torch.stack(gathered).tolist()
     _raise_if_mismatched(table, torch.distributed.get_rank(group))
 
@@ -208,39 +405,48 @@ def _raise_if_mismatched(table: list[list[int]], rank: int) -> None:
 class SyncBatchNormFunction(torch.autograd.Function):
     r"""Training-mode BatchNorm over the union of the batches of a process group.
 
-    ``forward(input, weight, bias, running_mean, running_var, eps, momentum, group)``
-    returns :math:`y = \gamma \odot (x - \mu)\,\mathrm{rstd} + \beta` with
-    :math:`\mu`, :math:`\sigma^2` the statistics of every rank's batch together
-    (one ``all_gather``), and records them into the running statistics (the
-    unbiased variance, from the global count). The backward all-reduces
-    :math:`\sum dy` and :math:`\sum dy\,\hat x` (one ``all_reduce``, only when the
-    input needs a gradient) and returns
+    ``forward(input, weight, bias, running_mean, running_var, eps, momentum, group,
+    timeout=60, step=0, error=None, label="", num_features=None)`` returns
+    :math:`y = \gamma \odot (x - \mu)\,\mathrm{rstd} + \beta` with :math:`\mu`,
+    :math:`\sigma^2` the statistics of every rank's batch together (one
+    ``all_gather``), and records them into the running statistics (the unbiased
+    variance, from the global count). The backward all-reduces :math:`\sum dy`
+    and :math:`\sum dy\,\hat x` (one ``all_reduce``, only when the input needs a
+    gradient) and returns
 
     .. math:: dx = \gamma\,\mathrm{rstd}\,\Big(dy - \frac{1}{n}\sum dy - \hat x\,\frac{1}{n}\sum dy\,\hat x\Big),
 
     the input gradient of one BatchNorm over all ``n`` values of the group;
     ``weight``/``bias`` get this rank's share of their gradients. Every rank of
     ``group`` must call it (an empty batch still takes part). It works with a
-    group of any size, one included.
+    group of any size, one included. ``error`` is this rank's own complaint
+    about its input (an exception, or ``None``): it travels to the other ranks
+    as a status, and every rank raises. ``step`` (when non-zero) must be the
+    same on every rank. Each collective waits at most ``timeout`` seconds.
     """
 
     @staticmethod
-    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, group):
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, group,
+                timeout=_DEFAULT_TIMEOUT, step=0, error=None, label="", num_features=None):
         world_size = _group_size(group)
-        C = input.shape[1]
-        acc = _acc_dtype(input.dtype)
-        x = input.to(acc)
-        n_local, x0, shifted, shifted_mean, m2_local = _shifted_moments(x)
-        mean_local = x0.to(_WIRE) + shifted_mean.to(_WIRE)  # (C,), not rounded to x's dtype
-
-        # One collective: [C, device kind, count, mean (C), M2 (C)] from every rank.
-        header = torch.tensor([C, _device_code(input.device), n_local], dtype=_WIRE, device=input.device)
-        mine = torch.cat([header, mean_local, m2_local.to(_WIRE)])  # (2C + 3,)
+        C = num_features if num_features is not None else input.shape[1]
+        device = running_mean.device if running_mean is not None else (
+            weight.device if weight is not None else input.device)
+        status = _status_of(error, input, C)
+        mine = _message(input, C, step, status, error, device)
+        if status == _OK:
+            acc = _acc_dtype(input.dtype)
+            x = input.to(acc)
+            n_local, x0, shifted, shifted_mean, m2_local = _shifted_moments(x)
+            mine[_COUNT] = n_local
+            mine[_HEADER : _HEADER + C] = x0.to(_WIRE) + shifted_mean.to(_WIRE)  # (C,), not rounded to x's dtype
+            mine[_HEADER + C :] = m2_local.to(_WIRE)
         gathered = [torch.empty_like(mine) for _ in range(world_size)]
-        torch.distributed.all_gather(gathered, mine, group=group)
-        table = torch.stack(gathered)  # (W, 2C + 3)
-        _raise_if_mismatched(table[:, :2].long().tolist(), torch.distributed.get_rank(group))
-        counts, means, m2s = table[:, 2], table[:, 3 : 3 + C], table[:, 3 + C :]
+        _wait(torch.distributed.all_gather(gathered, mine, group=group, async_op=True), timeout,
+              "exchange of batch statistics", label, group, step)
+        table = torch.stack(gathered)  # (W, header + 2C)
+        _raise_for(table, _rank(group), C, label, step, error)
+        counts, means, m2s = table[:, _COUNT], table[:, _HEADER : _HEADER + C], table[:, _HEADER + C :]
         n_t, mean64, m264 = combine_moments(counts, means, m2s)
         n = int(n_t.item())
         if n <= 1:
@@ -269,9 +475,10 @@ class SyncBatchNormFunction(torch.autograd.Function):
         ctx.save_for_backward(input, weight, _channel_view(x0, input.dim()), mean_shift, rstd)
         ctx.n = n
         ctx.group = group
+        ctx.timeout, ctx.step, ctx.label = timeout, step, label
         ctx.has_bias = bias is not None
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        return y.to(input.dtype)
+        return F._fresh(y, input.dtype)
 
     @staticmethod
     @once_differentiable
@@ -287,7 +494,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             C = input.shape[1]
             both = torch.cat([sum_dy, sum_dy_xhat]).to(_WIRE)  # (2C,)
-            torch.distributed.all_reduce(both, group=ctx.group)
+            _wait(torch.distributed.all_reduce(both, group=ctx.group, async_op=True), ctx.timeout,
+                  "backward's all_reduce", ctx.label, ctx.group, ctx.step)
             g_sum_dy = _channel_view(both[:C].to(acc), input.dim())
             g_sum_dy_xhat = _channel_view(both[C:].to(acc), input.dim())
             scale = rstd if weight is None else rstd * _channel_view(weight.to(acc), input.dim())
@@ -296,10 +504,10 @@ class SyncBatchNormFunction(torch.autograd.Function):
             grad_weight = sum_dy_xhat.to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = sum_dy.to(ctx.bias_dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None, None, None, None
 
 
-class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
     r"""Batch normalization of ``(N, C, *)`` input with statistics over every process of a group.
 
     .. math:: y = \frac{x - \mathrm{E}[x]}{\sqrt{\mathrm{Var}[x] + \epsilon}} \odot \gamma + \beta
@@ -314,11 +522,15 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     tensors with ``nccl``. In evaluation, without an initialised process
     group, or in a group of one process it computes exactly what
     :class:`~normlib.BatchNorm2d` computes. See :mod:`normlib.distributed` for
-    what is communicated.
+    what is communicated and how failures are reported.
 
-    Arguments, parameters (``weight``, ``bias``), buffers (``running_mean``,
-    ``running_var``, ``num_batches_tracked``) and state_dict are those of
-    :class:`torch.nn.SyncBatchNorm`.
+    A subclass of :class:`torch.nn.SyncBatchNorm` (and of normlib's BatchNorm
+    base). Arguments, parameters (``weight``, ``bias``), buffers
+    (``running_mean``, ``running_var``, ``num_batches_tracked``) and state_dict
+    are those of :class:`torch.nn.SyncBatchNorm`. torch's
+    ``DistributedDataParallel`` refuses every ``torch.nn.SyncBatchNorm`` on
+    CPU (torch's own runs only on GPUs): on CPU wrap the model in
+    :class:`normlib.distributed.DistributedDataParallel`, which lets normlib's through.
 
     Args:
         num_features: number of channels ``C``.
@@ -331,6 +543,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         process_group: the processes whose batches are normalized together
             (default: all of them, ``torch.distributed.group.WORLD``).
         bias: (keyword-only) learn β too, when ``affine``.
+        timeout: (keyword-only) seconds each collective may wait for the other
+            ranks before every waiting rank raises a :class:`SyncBatchNormError`
+            (default 60).
 
     Shape:
         - Input: ``(N, C, *)``, ``N`` may differ between processes and be 0.
@@ -339,10 +554,14 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     Example:
         >>> # in each process, after torch.distributed.init_process_group("gloo", ...)
         >>> model = SyncBatchNorm.convert_sync_batchnorm(model)  # doctest: +SKIP
-        >>> model = torch.nn.parallel.DistributedDataParallel(model)  # doctest: +SKIP
+        >>> model = DistributedDataParallel(model)  # doctest: +SKIP
         >>> SyncBatchNorm(4)(torch.randn(8, 4, 5, 5)).shape  # no process group: plain BatchNorm
         torch.Size([8, 4, 5, 5])
+        >>> isinstance(SyncBatchNorm(4), torch.nn.SyncBatchNorm)
+        True
     """
+
+    _labels = itertools.count(1)
 
     def __init__(
         self,
@@ -356,15 +575,18 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         dtype=None,
         *,
         bias: bool = True,
+        timeout: float = _DEFAULT_TIMEOUT,
     ) -> None:
-        num_features = check_positive_int(num_features, "num_features")
-        eps, momentum = check_eps(eps), check_momentum(momentum)
-        # torch < 2.13 has no `bias` argument: then drop the bias after construction.
-        extra = {"bias": bias} if _accepts_bias(nn.modules.batchnorm._NormBase) else {}
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, **extra)
-        if affine and not bias and self.bias is not None:
-            self.bias = None
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf:
+            raise ValueError(f"timeout must be a positive number of seconds (got {timeout!r})")
         self.process_group = process_group
+        self.timeout = float(timeout)
+        # Layers are numbered in the order a process builds them: the same on every rank of a
+        # data-parallel job, so that an error can say which layer on every rank ("#3").
+        self._label = f"#{next(SyncBatchNorm._labels)}"
+        self._sync_steps = 0  # synchronised training forwards of this layer so far
+        self._noted_mode: Optional[bool] = None
         # Groups (by id) in which this layer's channel count was checked against every rank.
         self._checked_groups: set[int] = set()
 
@@ -380,9 +602,11 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 f"SyncBatchNorm({self.num_features}) expects {self.num_features} channels in "
                 f"dimension 1 (got input of shape {list(input.shape)})"
             )
-        check_dtypes(
-            input, weight=self.weight, bias=self.bias, running_mean=self.running_mean, running_var=self.running_var
-        )
+
+    def _check_input(self, input: Tensor) -> None:
+        """Everything :func:`normlib.functional.batch_norm` would refuse, checked before any collective."""
+        self._check_input_dim(input)
+        F._check_channel_norm_args("batch_norm", input, self.running_mean, self.running_var, self.weight, self.bias)
 
     def _sync_group(self):
         """The process group to synchronise over, or ``None`` when there is nothing to synchronise."""
@@ -397,45 +621,77 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             )
         return group if _group_size(group) > 1 else None
 
+    def _note_mode(self, group) -> None:
+        """Record in the group's store when this layer switches between training and evaluation."""
+        if self._noted_mode is not self.training:
+            self._noted_mode = self.training
+            mode = "training" if self.training else "eval() mode"
+            _leave_note(self._label, f"ran this layer in {mode} after {self._sync_steps} synchronised steps")
+
     def forward(self, input: Tensor) -> Tensor:
-        self._check_input_dim(input)
-        momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
+        group = self._sync_group()
+        if group is not None:
+            self._note_mode(group)
+        if group is None or not self.training:
+            self._check_input(input)
+            momentum = self._momentum_for_this_step()
+            use_batch_stats = self.training or self.running_mean is None
+            track = self.training and self.track_running_stats
+            return F.batch_norm(
+                input,
+                self.running_mean if track or not use_batch_stats else None,
+                self.running_var if track or not use_batch_stats else None,
+                self.weight,
+                self.bias,
+                use_batch_stats,
+                momentum,
+                self.eps,
+            )
+        # Training in a group: find out what is wrong with this rank's input, but tell the
+        # others in the collective instead of raising alone (which would leave them waiting).
+        error: Optional[BaseException] = None
+        try:
+            self._check_input(input)
+            if _uses_nccl_only(group) and input.device.type != "cuda":
+                raise ValueError(
+                    f"SyncBatchNorm: the process group's backend is nccl, which needs CUDA tensors "
+                    f"(got input on {input.device}); use the gloo backend for CPU tensors"
+                )
+        except (TypeError, ValueError) as e:
+            error = e
+        if id(group) not in self._checked_groups:
+            device = self.running_mean.device if self.running_mean is not None else (
+                input.device if isinstance(input, Tensor) else torch.device("cpu"))
+            _check_same_channels(self.num_features, device, group, _group_size(group), self.timeout, self._label)
+            self._checked_groups.add(id(group))
+        self._sync_steps += 1
+        track = self.track_running_stats
+        # The batch is counted once every rank has accepted it (a failed step counts nowhere).
+        if self.momentum is None:
+            momentum = 1.0 / float(self.num_batches_tracked + 1) if track else 0.0
+        else:
+            momentum = self.momentum
+        y = SyncBatchNormFunction.apply(
+            input, self.weight, self.bias,
+            self.running_mean if track else None, self.running_var if track else None,
+            self.eps, momentum, group, self.timeout, self._sync_steps, error, self._label, self.num_features,
+        )
+        if track:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative average: the k-th batch gets weight 1/k
-                momentum = 1.0 / float(self.num_batches_tracked)
-        # Batch statistics in training, and in eval too when no running statistics exist.
-        use_batch_stats = self.training or self.running_mean is None
-        # Record into the running statistics only while training.
-        track = self.training and self.track_running_stats
-        running_mean = self.running_mean if track or not use_batch_stats else None
-        running_var = self.running_var if track or not use_batch_stats else None
-        group = self._sync_group() if self.training else None
-        if group is None:
-            return F.batch_norm(
-                input, running_mean, running_var, self.weight, self.bias, use_batch_stats, momentum, self.eps
-            )
-        if _uses_nccl_only(group) and input.device.type != "cuda":
-            raise ValueError(
-                f"SyncBatchNorm: the process group's backend is nccl, which needs CUDA tensors "
-                f"(got input on {input.device}); use the gloo backend for CPU tensors"
-            )
-        if id(group) not in self._checked_groups:
-            _check_same_channels(self.num_features, input.device, group, _group_size(group))
-            self._checked_groups.add(id(group))
-        return SyncBatchNormFunction.apply(
-            input, self.weight, self.bias, running_mean, running_var, self.eps, momentum, group
-        )
+        return y
 
     def extra_repr(self) -> str:
         text = super().extra_repr()
         if self.process_group is not None:
             text += f", process_group={self.process_group}"
+        if self.timeout != _DEFAULT_TIMEOUT:
+            text += f", timeout={self.timeout:g}"
         return text
 
     @classmethod
-    def convert_sync_batchnorm(cls, module: nn.Module, process_group: Optional[Any] = None) -> nn.Module:
+    def convert_sync_batchnorm(cls, module: nn.Module, process_group: Optional[Any] = None, *,
+                               timeout: float = _DEFAULT_TIMEOUT) -> nn.Module:
         r"""Replace every BatchNorm layer in ``module`` by a :class:`SyncBatchNorm`.
 
         Converts ``torch.nn.BatchNorm1d/2d/3d``, ``torch.nn.SyncBatchNorm`` and
@@ -454,6 +710,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             >>> type(net[1]).__name__, net[1].weight is w
             ('SyncBatchNorm', True)
         """
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"convert_sync_batchnorm: module must be a torch.nn.Module (got {type(module).__name__})")
         if isinstance(module, cls):
             return module
         if isinstance(module, nn.modules.batchnorm._BatchNorm):  # normlib's BatchNorm classes are subclasses
@@ -472,6 +730,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 module.track_running_stats,
                 process_group,
                 bias=getattr(module, "bias", None) is not None or not module.affine,
+                timeout=timeout,
             )
             if module.affine:
                 out.weight = module.weight
@@ -483,10 +742,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             if hasattr(module, "qconfig"):
                 out.qconfig = module.qconfig
             for name, child in module.named_children():
-                out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+                out.add_module(name, cls.convert_sync_batchnorm(child, process_group, timeout=timeout))
             return out
         for name, child in module.named_children():
-            new = cls.convert_sync_batchnorm(child, process_group)
+            new = cls.convert_sync_batchnorm(child, process_group, timeout=timeout)
             if new is not child:
                 setattr(module, name, new)
         return module
@@ -499,3 +758,28 @@ def _uses_nccl_only(group) -> bool:
     except Exception:  # pragma: no cover - a backend that cannot name itself
         return False
     return str(name) == "nccl"
+
+
+class DistributedDataParallel(nn.parallel.DistributedDataParallel):
+    """torch's ``DistributedDataParallel``, letting normlib's :class:`SyncBatchNorm` train on CPU.
+
+    torch's wrapper refuses any ``torch.nn.SyncBatchNorm`` in a model on the
+    CPU ("SyncBatchNorm layers only work with GPU modules"), because torch's
+    own layer needs a GPU. normlib's :class:`SyncBatchNorm` is a subclass of it
+    that works on CPU tensors over gloo, so this subclass refuses only torch's
+    own layer there. Everything else is torch's ``DistributedDataParallel``,
+    with the same arguments.
+
+    Example:
+        >>> # in each process, after torch.distributed.init_process_group("gloo", ...)
+        >>> ddp = DistributedDataParallel(SyncBatchNorm.convert_sync_batchnorm(model))  # doctest: +SKIP
+    """
+
+    def _passing_sync_batchnorm_handle(self, module: nn.Module) -> None:
+        for layer in module.modules():
+            if isinstance(layer, nn.SyncBatchNorm) and not isinstance(layer, SyncBatchNorm):
+                if self.device_type == "cpu":
+                    raise ValueError(
+                        "torch.nn.SyncBatchNorm layers only work with GPU modules; on CPU convert the model "
+                        "with normlib.SyncBatchNorm.convert_sync_batchnorm, which works over gloo"
+                    )

@@ -222,9 +222,66 @@ def job_ddp(rank: int, world: int, case: dict) -> dict:
     model = _SmallCNN().double()
     model = nl.SyncBatchNorm.convert_sync_batchnorm(model)
     kinds = sorted({type(m).__name__ for m in model.modules() if "Norm" in type(m).__name__})
-    ddp = nn.parallel.DistributedDataParallel(model)
+    # torch's own wrapper refuses every torch.nn.SyncBatchNorm on CPU (normlib's is one)...
+    try:
+        nn.parallel.DistributedDataParallel(model)
+        torch_ddp = "accepted"
+    except ValueError as e:
+        torch_ddp = str(e)
+    # ... normlib's subclass of it lets normlib's layer through.
+    ddp = nl.distributed.DistributedDataParallel(model)
     _train_cnn(ddp, case["steps"], case["per_rank"], rank, world)
-    return {"kinds": kinds, "state": {k: v.clone() for k, v in model.state_dict().items()}}
+    return {"kinds": kinds, "state": {k: v.clone() for k, v in model.state_dict().items()}, "torch_ddp": torch_ddp}
+
+
+def job_bad_input_on_one_rank(rank: int, world: int, case: dict) -> dict:
+    """Rank 1's input is wrong at step 2; every rank raises at once; after catching, step 3 is right."""
+    m = nl.SyncBatchNorm(3, dtype=torch.float64, timeout=case["timeout"])
+    out: dict = {"errors": [], "elapsed": []}
+    import time
+
+    for step in range(1, 4):
+        x = torch.randn(4, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(10 * step + rank))
+        if step == 2 and rank == 1:
+            x = {"channels": torch.randn(4, 5, 5, dtype=torch.float64),
+                 "dtype": x.float(), "dims": x[0, 0]}[case["bad"]]
+        t0 = time.perf_counter()
+        try:
+            y = m(x)
+            out[f"y{step}"] = y.detach()
+        except Exception as e:  # noqa: BLE001  (the test inspects the type)
+            out["errors"].append((step, type(e).__name__, str(e)))
+        out["elapsed"].append(time.perf_counter() - t0)
+    out["running_mean"] = m.running_mean.clone()
+    out["num_batches_tracked"] = int(m.num_batches_tracked)
+    return out
+
+
+def job_one_rank_in_eval(rank: int, world: int, case: dict) -> dict:
+    """Rank 1 runs the layer in eval() while rank 0 trains: rank 0 raises within the timeout, naming rank 1."""
+    import time
+
+    m = nl.SyncBatchNorm(3, dtype=torch.float64, timeout=case["timeout"])
+    x = torch.randn(4, 3, 5, dtype=torch.float64)
+    m(x)  # one synchronised step on both ranks
+    if rank == 1:
+        m.eval()
+    t0 = time.perf_counter()
+    try:
+        m(x)
+        result = "no error"
+    except Exception as e:  # noqa: BLE001
+        result = f"{type(e).__name__}: {e}"
+    elapsed = time.perf_counter() - t0
+    # Rank 1 stays until rank 0 has given up (leaving would close the connection rank 0
+    # waits on). Not through the group: after a timeout it may still hold rank 0's
+    # abandoned all_gather, so the store carries the signal.
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("eval test done", "1")
+    else:
+        store.wait(["eval test done"])
+    return {"result": result, "elapsed": elapsed}
 
 
 def run_jobs(rank: int, world: int, jobs: list) -> dict:
@@ -291,6 +348,43 @@ def test_three_processes():
         _check_against_reference([r[f"compare {name}"] for r in results], case)
 
 
+BAD_INPUT_TIMEOUT = 30.0  # SyncBatchNorm's own wait; a bad input must be answered long before it
+
+
+def test_bad_input_on_one_rank_raises_on_every_rank_at_once():
+    """Wrong channels / dtype / rank on rank 1: every rank raises at that step, none waits, step 3 is right."""
+    jobs = [(bad, "job_bad_input_on_one_rank", dict(bad=bad, timeout=BAD_INPUT_TIMEOUT))
+            for bad in ("channels", "dtype", "dims")]
+    results = _launch(2, jobs)
+    reasons = {"channels": "wrong number of channels", "dtype": "dtype", "dims": "fewer than 2 dimensions"}
+    for bad, expected in reasons.items():
+        r0, r1 = results[0][bad], results[1][bad]
+        assert [e[0] for e in r0["errors"]] == [2] and [e[0] for e in r1["errors"]] == [2], (bad, r0, r1)
+        # The bad rank raises its own error (naming its argument), the other a SyncBatchNormError naming it.
+        assert r1["errors"][0][1] in ("ValueError", "TypeError"), r1["errors"]
+        assert r0["errors"][0][1] == "SyncBatchNormError" and "rank 1" in r0["errors"][0][2], r0["errors"]
+        assert expected in r0["errors"][0][2] and "SyncBatchNorm" in r0["errors"][0][2]
+        assert max(r0["elapsed"] + r1["elapsed"]) < BAD_INPUT_TIMEOUT / 2, "a rank waited for the timeout"
+        # Both went on: step 3 is normalized with step 3's batches only, as one BatchNorm on their union.
+        xs = [torch.randn(4, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(30 + k))
+              for k in range(2)]
+        ref = nl.functional.batch_norm(torch.cat(xs), None, None, training=True)
+        torch.testing.assert_close(torch.cat([r0["y3"], r1["y3"]]), ref, **TOL[F64])
+        assert r0["num_batches_tracked"] == r1["num_batches_tracked"] == 2  # the failed step is not counted
+
+
+def test_a_rank_in_eval_mode_makes_the_others_raise_within_the_timeout():
+    timeout = 3.0
+    results = _launch(2, [("eval", "job_one_rank_in_eval", dict(timeout=timeout))])
+    r0, r1 = results[0]["eval"], results[1]["eval"]
+    assert r1["result"] == "no error"  # evaluation needs no other rank
+    assert r0["result"].startswith("SyncBatchNormError"), r0["result"]
+    assert timeout <= r0["elapsed"] < timeout + 20
+    text = r0["result"]
+    assert "SyncBatchNorm #" in text and f"waited {timeout:g} s" in text
+    assert "rank 1: ran this layer in eval() mode after 1 synchronised steps" in text, text
+
+
 def job_fail_on_rank_1(rank: int, world: int, case: dict) -> None:
     """Rank 1 raises; rank 0 waits in a collective that can never complete."""
     if rank == 1:
@@ -317,6 +411,7 @@ def _check_ddp(results: list[dict]) -> None:
     ref = model.state_dict()
     for rank, r in enumerate(results):
         assert r["ddp"]["kinds"] == ["SyncBatchNorm"]
+        assert "only work with GPU modules" in r["ddp"]["torch_ddp"], r["ddp"]["torch_ddp"]
         assert r["ddp"]["state"].keys() == ref.keys()
         for k, v in ref.items():
             torch.testing.assert_close(r["ddp"]["state"][k], v, **TOL[F64], msg=lambda m: f"rank {rank}, {k}: {m}")

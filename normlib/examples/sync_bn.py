@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed import SyncBatchNorm
+from ..distributed import DistributedDataParallel, SyncBatchNorm
 
 __all__ = [
     "make_data",
@@ -273,7 +273,7 @@ def _count_collectives(log: list) -> Iterator[None]:
 
 def run(rank: int, world_size: int, cfg: dict) -> dict:
     """The experiments, in one process of the group (rank 0 also runs the one-process references)."""
-    DDP = nn.parallel.DistributedDataParallel
+    DDP = DistributedDataParallel  # torch's, letting normlib's SyncBatchNorm run on CPU
     out: dict[str, Any] = {"world_size": world_size, "per_rank": cfg["per_rank"]}
     global_batch = cfg["per_rank"] * world_size
     f64 = torch.float64
