@@ -17,9 +17,18 @@ _shape_t = Union[int, Sequence[int], torch.Size]
 
 
 def check_float_tensor(x: object, name: str = "input") -> torch.Tensor:
-    """``x`` must be a real floating-point tensor."""
+    """``x`` must be a dense, real floating-point tensor."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (got {type(x).__name__})")
+    if x.is_nested:
+        raise TypeError(
+            f"{name} must be a regular (strided) tensor, not a nested tensor; normalize each "
+            f"component (e.g. torch.stack of {name}.unbind() when they share a shape, or {name}.to_padded_tensor(0))"
+        )
+    if x.layout != torch.strided:
+        raise TypeError(
+            f"{name} must be a dense (strided) tensor (got layout {x.layout}); convert it with {name}.to_dense()"
+        )
     if not x.is_floating_point():
         raise TypeError(
             f"{name} must be a floating-point tensor (float16, bfloat16, float32 "
@@ -122,13 +131,39 @@ def check_trailing_shape(x: torch.Tensor, shape: tuple[int, ...]) -> None:
         )
 
 
-def check_param(p: torch.Tensor | None, name: str, shape: tuple[int, ...]) -> None:
-    """An optional affine parameter must be a float tensor of exactly ``shape``."""
+def check_param(
+    p: torch.Tensor | None, name: str, shape: tuple[int, ...], input: torch.Tensor | None = None
+) -> None:
+    """An optional parameter or buffer must be a float tensor of exactly ``shape`` (on ``input``'s device)."""
     if p is None:
         return
     check_float_tensor(p, name)
     if tuple(p.shape) != shape:
         raise ValueError(f"{name} must have shape {list(shape)} (got {list(p.shape)})")
+    if input is not None:
+        check_same_device(input, **{name: p})
+
+
+def check_same_device(input: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+    """Each tensor given must be on ``input``'s device (``None`` is skipped).
+
+    A parameter left on the ``meta`` device (a model built under
+    ``torch.device("meta")`` and only partly loaded) has no values: computing
+    with it would silently leave it out, so it is refused like any other
+    device mismatch.
+    """
+    for name, t in tensors.items():
+        if t is not None and t.device != input.device:
+            hint = (
+                " (it was never loaded: a model built on the meta device needs load_state_dict(..., assign=True) "
+                "or to_empty() and initialisation before use)"
+                if t.device.type == "meta"
+                else ""
+            )
+            raise ValueError(
+                f"{name} is on device {t.device} but input is on {input.device}{hint}; move the module or the "
+                f"input so that both are on one device"
+            )
 
 
 def check_channels(x: torch.Tensor, what: str, min_dim: int = 2) -> int:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._autocast import autocast_enabled
 from ._checks import check_float_tensor, check_positive_int
 
 __all__ = ["MultiHeadAttention"]
@@ -94,6 +95,16 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"{name} must have shape (B, T, d_model={self.d_model}) "
                 f"(got {list(t.shape)})"
+            )
+        w = self.w_q.weight
+        if t.device != w.device:
+            raise ValueError(f"{name} is on device {t.device} but the module's weights are on {w.device}")
+        # The projections are matrix products: torch needs one dtype for both operands
+        # (autocast casts them to a common one itself).
+        if t.dtype != w.dtype and not autocast_enabled(t.device.type):
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but the module's weights have dtype {w.dtype}; convert one of "
+                f"them (module.to({t.dtype}) or {name}.to({w.dtype})), or run under torch.autocast"
             )
 
     def _mask(

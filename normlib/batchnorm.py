@@ -31,7 +31,7 @@ from torch.nn.modules import batchnorm as _tbn
 from torch.nn.modules import instancenorm as _tin
 
 from . import functional as F
-from ._checks import check_dtypes, check_eps, check_float_tensor, check_momentum, check_positive_int
+from ._checks import check_eps, check_float_tensor, check_momentum, check_positive_int
 from .normalization import _accepts_bias, _NormlibRepr
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "InstanceNorm1d", "InstanceNorm2d"]
@@ -79,10 +79,6 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def _check_dtypes(self, input: Tensor) -> None:
-        check_dtypes(input, weight=self.weight, bias=self.bias,
-                     running_mean=self.running_mean, running_var=self.running_var)
-
     def _momentum_for_this_step(self) -> float:
         """Count the batch and return the weight it gets in the running average.
 
@@ -121,7 +117,6 @@ class _BatchNorm(_NormBase, _tbn._BatchNorm):
                 f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
                 f"channels in dimension 1 (got input of shape {list(input.shape)})"
             )
-        self._check_dtypes(input)
 
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
@@ -222,7 +217,6 @@ class _InstanceNorm(_NormBase, _tin._InstanceNorm):
                 f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
                 f"channels (got input of shape {list(input.shape)})"
             )
-        self._check_dtypes(input)
         momentum = self._momentum_for_this_step()
         # Running statistics (when tracked) are recorded in training and used in eval.
         y = F.instance_norm(

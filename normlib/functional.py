@@ -40,19 +40,23 @@ output-sized buffer in the forward and works in place on it (``sub_``,
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from ._autocast import autocast_float32
 from ._checks import (
     _shape_t,
     check_channels,
+    check_dtypes,
     check_eps,
     check_float_tensor,
     check_momentum,
     check_param,
     check_positive_int,
+    check_same_device,
     check_trailing_shape,
     normalize_shape,
 )
@@ -83,6 +87,23 @@ def _channel_view(p: Tensor, ndim: int) -> Tensor:
 
 def _as(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
     return None if t is None else t.to(dtype)
+
+
+def _fresh(y: Tensor, dtype: torch.dtype) -> Tensor:
+    """``y`` in ``dtype`` as an autograd Function's differentiable output: never an alias of ``y``.
+
+    In eager mode the forward computes in place on one buffer and may return it
+    as it is (``y.to(y.dtype)`` is ``y`` itself). While ``torch.compile`` or
+    ``torch.export`` traces the Function, an output that aliases a tensor made
+    inside its forward is not safe: dynamo returns every intermediate of the
+    traced forward beside the outputs, and torch 2.11's AOT autograd replaces
+    the gradient of an output that aliases one of them with zeros (the
+    compiled model then trains with zero gradients for its input, γ and β).
+    So a traced call returns a copy, which the compiler fuses away.
+    """
+    if y.dtype != dtype:
+        return y.to(dtype)  # a new tensor already
+    return y.clone() if torch.compiler.is_compiling() else y
 
 
 def _numel(x: Tensor, dims: Sequence[int]) -> int:
@@ -157,6 +178,34 @@ def _moments(x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor, 
     return xc, x0 + shifted_mean, shifted_mean, var
 
 
+def _rstd(xc: Tensor, var: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
+    r""":math:`1/\sqrt{\sigma^2 + \epsilon}` per slice, right also where :math:`\sigma^2` overflowed.
+
+    ``xc`` holds the centred values (the raw ones for RMSNorm) and ``var`` the
+    mean of their squares. In float32, squares of values beyond about 1.8e19
+    overflow: ``var`` becomes ``inf``, ``rsqrt`` gives 0 and the slice would be
+    normalized to exactly zero (``bias`` after the affine step), a finite and
+    plausible wrong answer. Such slices are recomputed from ``xc / s``, ``s``
+    being the slice's largest :math:`|x_c|`:
+    :math:`\mathrm{rstd} = 1 / \big(s\,\sqrt{\overline{(x_c/s)^2} + \epsilon/s^2}\big)`.
+    Slices that hold ``inf`` or NaN stay NaN, as in torch. In eager mode the
+    rescaled pass runs only when some ``var`` overflowed; while
+    ``torch.compile`` traces or a ``torch.func`` transform runs (neither can
+    branch on a value), both are computed and selected per slice.
+    """
+    rstd = torch.rsqrt(var + eps)
+    if xc.numel() == 0:
+        return rstd
+    traced = torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+    if not traced and not bool(torch.isinf(var).any()):  # the common case: one look at the statistics
+        return rstd
+    s = torch.linalg.vector_norm(xc, ord=float("inf"), dim=dims, keepdim=True)  # max |xc|
+    s = torch.where((s > 0) & torch.isfinite(s), s, torch.ones_like(s))
+    mean_sq = _sum_of_squares(xc / s, dims) / _numel(xc, dims)
+    scaled = torch.rsqrt(mean_sq + eps / (s * s)) / s
+    return torch.where(torch.isinf(var), scaled, rstd)
+
+
 def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
     r"""Mean and biased variance of ``x`` over ``dims`` by two passes.
 
@@ -174,18 +223,170 @@ def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
         >>> mean, var
         (tensor([[1000001.]]), tensor([[1.]]))
     """
-    dims = tuple(sorted(d % x.dim() for d in dims))
+    check_float_tensor(x, "x")
+    dims = _check_dims(dims, x.dim())
     xc, mean, _, var = _moments(x, dims)
     return xc, mean, var
 
 
+def _check_dims(dims: object, ndim: int) -> tuple[int, ...]:
+    """Reduction dimensions as sorted non-negative ints, each in ``[-ndim, ndim)`` and given once."""
+    if isinstance(dims, int) and not isinstance(dims, bool):
+        dims = (dims,)
+    try:
+        given = tuple(dims)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"dims must be an int or a sequence of ints (got {type(dims).__name__})") from None
+    if not given:
+        raise ValueError("dims must name at least one dimension (got an empty sequence)")
+    out = []
+    for d in given:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise TypeError(f"dims must hold ints (got {d!r} of type {type(d).__name__})")
+        if not -ndim <= d < ndim:
+            raise IndexError(f"dims: dimension {d} is out of range for a {ndim}-D tensor (expected {-ndim} to {ndim - 1})")
+        out.append(d % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"dims must not repeat a dimension (got {list(given)} for a {ndim}-D tensor)")
+    return tuple(sorted(out))
+
+
+def _in_place() -> bool:
+    """Whether this call may write into its own buffers with ``weight``/``bias`` operands.
+
+    Not under ``torch.func`` transforms: ``vmap`` over the parameters (an
+    ensemble built with ``stack_module_state``) makes ``weight`` batched while
+    the buffer computed from an unbatched input is not, and vmap cannot write
+    a batched value into an unbatched tensor. Those calls compute out of place.
+    """
+    return not torch._C._are_functorch_transforms_active()
+
+
+def _mul_(a: Tensor, b: Tensor) -> Tensor:
+    """``a * b``, into ``a`` when :func:`_in_place` allows it."""
+    return a.mul_(b) if _in_place() else a * b
+
+
 def _affine_(y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
-    """``y ⊙ weight + bias`` in place (either may be ``None``)."""
+    """``y ⊙ weight + bias``, in place where :func:`_in_place` allows (either may be ``None``)."""
     if weight is not None:
-        y.mul_(weight)
+        y = _mul_(y, weight)
     if bias is not None:
-        y.add_(bias)
+        y = y.add_(bias) if _in_place() else y + bias
     return y
+
+
+# ---------------------------------------------------------------------------
+# The public backward functions check their arguments; the autograd Functions
+# call the unchecked math (``f.__wrapped__``), whose arguments they built.
+# ---------------------------------------------------------------------------
+
+
+def _checked(check):
+    """Decorate a public backward function with ``check(*args, **kwargs)``; ``__wrapped__`` skips it."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            check(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _check_same(name_a: str, a: object, name_b: str, b: object) -> None:
+    check_float_tensor(a, name_a)
+    check_float_tensor(b, name_b)
+    if a.shape != b.shape:  # type: ignore[union-attr]
+        raise ValueError(f"{name_b} must have the shape of {name_a} {list(a.shape)} (got {list(b.shape)})")  # type: ignore[union-attr]
+    check_same_device(a, **{name_b: b})  # type: ignore[arg-type]
+
+
+def _check_row_norm_backward(dy, xhat, stat, normalized_shape, weight=None, *, stat_name="rstd", x_name="xhat"):
+    _check_same("dy", dy, x_name, xhat)
+    shape = normalize_shape(normalized_shape)
+    check_trailing_shape(dy, shape)
+    check_float_tensor(stat, stat_name)
+    want = tuple(dy.shape[: dy.dim() - len(shape)]) + (1,) * len(shape)
+    if tuple(stat.shape) != want:
+        raise ValueError(f"{stat_name} must have shape {list(want)}, one value per row with keepdim (got {list(stat.shape)})")
+    check_same_device(dy, **{stat_name: stat})
+    check_param(weight, "weight", shape, dy)
+
+
+def _check_rms_norm_backward(dy, x, rrms, normalized_shape, weight=None):
+    _check_row_norm_backward(dy, x, rrms, normalized_shape, weight, stat_name="rrms", x_name="x")
+
+
+def _check_batch_norm_backward(dy, xhat, rstd, weight=None, training=True):
+    _check_same("dy", dy, "xhat", xhat)
+    C = check_channels(dy, "batch_norm_backward")
+    check_param(rstd, "rstd", (C,), dy)
+    check_param(weight, "weight", (C,), dy)
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be a bool (got {type(training).__name__})")
+
+
+def _check_group_norm_backward(dy, xhat, rstd, num_groups, weight=None):
+    _check_same("dy", dy, "xhat", xhat)
+    C = check_channels(dy, "group_norm_backward")
+    G = check_positive_int(num_groups, "num_groups")
+    if C % G:
+        raise ValueError(f"num_groups must divide the number of channels (got num_groups={G} for {C} channels)")
+    check_float_tensor(rstd, "rstd")
+    if rstd.numel() != dy.shape[0] * G:
+        raise ValueError(f"rstd must hold N * num_groups = {dy.shape[0] * G} values (got shape {list(rstd.shape)})")
+    check_same_device(dy, rstd=rstd)
+    check_param(weight, "weight", (C,), dy)
+
+
+def _pick(plain: type, with_jvp: type) -> type:
+    """The op's autograd Function: with its ``jvp`` where forward-mode AD may reach it.
+
+    Forward-mode AD (``torch.autograd.forward_ad``, ``torch.func.jvp``,
+    ``jacfwd``, ``hessian``) needs the Function's ``jvp``; ``torch.compile``
+    cannot trace a Function that has one. So the ``jvp`` lives in a subclass,
+    used inside a dual level or a ``torch.func`` transform.
+    """
+    forward_ad = torch.autograd.forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active()
+    return with_jvp if forward_ad else plain
+
+
+# ---------------------------------------------------------------------------
+# Forward-mode derivatives (torch.func.jvp, jacfwd, hessian, forward_ad)
+# ---------------------------------------------------------------------------
+
+
+def _xhat_tangent(xhat: Tensor, tx: Tensor, rstd: Tensor, dims: tuple[int, ...], centre: bool = True) -> Tensor:
+    r"""Directional derivative of :math:`\hat x` along ``tx``, in the compute dtype.
+
+    With :math:`\hat x = (x - \mu)\,\mathrm{rstd}` and
+    :math:`d\,\mathrm{rstd} = -\mathrm{rstd}^2 \cdot \overline{\hat x\, dx_c}`:
+
+    .. math:: d\hat x = \mathrm{rstd}\,\big(dx_c - \hat x\,\overline{\hat x\, dx_c}\big),
+              \qquad dx_c = dx - \overline{dx},
+
+    the forward-mode twin of the backward's :math:`\hat g - c_1 - \hat x c_2`.
+    RMSNorm (``centre=False``) subtracts no mean.
+    """
+    if centre:
+        tx = tx - tx.mean(dims, keepdim=True)
+    return (tx - xhat * (xhat * tx).mean(dims, keepdim=True)) * rstd
+
+
+def _affine_tangent(xhat: Tensor, dxhat: Optional[Tensor], weight: Optional[Tensor], tw: Optional[Tensor],
+                    tb: Optional[Tensor], view=lambda t: t) -> Tensor:
+    """Tangent of ``y = γ ⊙ x̂ + β`` from those of x̂, γ and β (``None``: no tangent)."""
+    ty = torch.zeros_like(xhat)
+    if dxhat is not None:
+        ty = ty + (dxhat if weight is None else dxhat * view(weight.to(xhat.dtype)))
+    if tw is not None:
+        ty = ty + xhat * view(tw.to(xhat.dtype))
+    if tb is not None:
+        ty = ty + view(tb.to(xhat.dtype))
+    return ty
 
 
 # ---------------------------------------------------------------------------
@@ -198,11 +399,13 @@ def check_layer_norm_args(input, normalized_shape, weight, bias, eps) -> tuple[t
     check_float_tensor(input)
     shape = normalize_shape(normalized_shape)
     check_trailing_shape(input, shape)
-    check_param(weight, "weight", shape)
-    check_param(bias, "bias", shape)
+    check_param(weight, "weight", shape, input)
+    check_param(bias, "bias", shape, input)
+    check_dtypes(input, weight=weight, bias=bias)
     return shape, check_eps(eps)
 
 
+@_checked(_check_row_norm_backward)
 def layer_norm_backward(
     dy: Tensor,
     xhat: Tensor,
@@ -250,14 +453,17 @@ def layer_norm_backward(
     dy_xhat = dy * xhat  # the one full-size buffer this function allocates
     dweight = dy_xhat.sum(rows) if weight is not None else None
     if weight is not None:
-        dy_xhat.mul_(weight)  # ĝ ⊙ x̂ = γ ⊙ dy ⊙ x̂
+        dy_xhat = _mul_(dy_xhat, weight)  # ĝ ⊙ x̂ = γ ⊙ dy ⊙ x̂
     c2 = dy_xhat.mean(dims, keepdim=True)
-    ghat = dy_xhat.copy_(dy)  # the buffer is free again: ĝ = γ ⊙ dy goes in it
-    if weight is not None:
-        ghat.mul_(weight)
+    if _in_place():
+        ghat = dy_xhat.copy_(dy)  # the buffer is free again: ĝ = γ ⊙ dy goes in it
+        if weight is not None:
+            ghat.mul_(weight)
+        c1 = ghat.mean(dims, keepdim=True)
+        return ghat.sub_(c1).addcmul_(xhat, c2, value=-1).mul_(rstd), dweight, dbias  # rstd · (ĝ − c1 − x̂ c2)
+    ghat = dy if weight is None else dy * weight
     c1 = ghat.mean(dims, keepdim=True)
-    dx = ghat.sub_(c1).addcmul_(xhat, c2, value=-1).mul_(rstd)  # rstd · (ĝ − c1 − x̂ c2)
-    return dx, dweight, dbias
+    return (ghat - c1 - xhat * c2) * rstd, dweight, dbias
 
 
 
@@ -271,9 +477,16 @@ class _LayerNorm(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         dims = tuple(range(x.dim() - len(shape), x.dim()))
         xhat, _, shifted_mean, var = _moments(x.to(acc), dims)  # xhat holds x − μ for now
-        rstd = torch.rsqrt(var + eps)
+        rstd = _rstd(xhat, var, dims, eps)
         y = _affine_(xhat.mul_(rstd), _as(weight, acc), _as(bias, acc))  # in place
-        return y.to(x.dtype), shifted_mean, rstd
+        return _fresh(y, x.dtype), shifted_mean, rstd
+
+    @staticmethod
+    def _saved(inputs, output) -> tuple:
+        """What the backward (and the jvp) needs: the input, γ and the statistics."""
+        x, shape, weight, bias, eps = inputs
+        _, shifted_mean, rstd = output
+        return (x, weight, shifted_mean, rstd)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -281,7 +494,7 @@ class _LayerNorm(torch.autograd.Function):
         _, shifted_mean, rstd = output
         ctx.mark_non_differentiable(shifted_mean, rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, weight, shifted_mean, rstd)
+        ctx.save_for_backward(*_LayerNorm._saved(inputs, output))
         ctx.shape, ctx.eps = shape, eps
         ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -294,11 +507,11 @@ class _LayerNorm(torch.autograd.Function):
         dims = tuple(range(x.dim() - len(ctx.shape), x.dim()))
         if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
             xc, _, _, var = _moments(x.to(acc), dims)
-            rstd = torch.rsqrt(var + ctx.eps)
+            rstd = _rstd(xc, var, dims, ctx.eps)
             xhat = xc * rstd
         else:
             xhat = _recentre(x.to(acc), dims, shifted_mean).mul_(rstd)
-        dx, dweight, dbias = layer_norm_backward(dy.to(acc), xhat, rstd, ctx.shape, _as(weight, acc))
+        dx, dweight, dbias = layer_norm_backward.__wrapped__(dy.to(acc), xhat, rstd, ctx.shape, _as(weight, acc))
         need = ctx.needs_input_grad
         return (
             dx.to(x.dtype) if need[0] else None,
@@ -307,6 +520,27 @@ class _LayerNorm(torch.autograd.Function):
             dbias.to(ctx.bias_dtype) if need[3] else None,
             None,
         )
+
+
+class _LayerNormJvp(_LayerNorm):
+    """_LayerNorm with its forward-mode derivative, for ``torch.func.jvp``/``jacfwd``/``hessian`` and ``forward_ad``.
+
+    A class apart because ``torch.compile`` cannot trace a Function that defines ``jvp``.
+    """
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _LayerNorm.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*_LayerNorm._saved(inputs, output))
+
+    @staticmethod
+    def jvp(ctx, tx, _shape, tw, tb, _eps):
+        x, weight, shifted_mean, rstd = ctx.saved_tensors
+        acc = _acc_dtype(x.dtype)
+        dims = tuple(range(x.dim() - len(ctx.shape), x.dim()))
+        xhat = _recentre(x.to(acc), dims, shifted_mean) * rstd
+        dxhat = None if tx is None else _xhat_tangent(xhat, tx.to(acc), rstd, dims)
+        return _affine_tangent(xhat, dxhat, weight, tw, tb).to(x.dtype), None, None
 
 
 def layer_norm(
@@ -338,8 +572,10 @@ def layer_norm(
         tensor([[-1.,  1.],
                 [-1.,  1.]])
     """
+    ctx, input, weight, bias = autocast_float32("layer_norm", input, weight, bias)
     shape, eps = check_layer_norm_args(input, normalized_shape, weight, bias, eps)
-    return _LayerNorm.apply(input, shape, weight, bias, eps)[0]
+    with ctx:
+        return _pick(_LayerNorm, _LayerNormJvp).apply(input, shape, weight, bias, eps)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -352,16 +588,17 @@ def check_rms_norm_args(input, normalized_shape, weight, eps) -> tuple[tuple[int
     check_float_tensor(input)
     shape = normalize_shape(normalized_shape)
     check_trailing_shape(input, shape)
-    check_param(weight, "weight", shape)
+    check_param(weight, "weight", shape, input)
     eps = torch.finfo(_acc_dtype(input.dtype)).eps if eps is None else check_eps(eps)
     return shape, eps
 
 
 def _rrms(x: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
-    """``1 / sqrt(mean(x²) + eps)`` over ``dims`` (``keepdim``)."""
-    return torch.rsqrt(_sum_of_squares(x, dims) / _numel(x, dims) + eps)
+    """``1 / sqrt(mean(x²) + eps)`` over ``dims`` (``keepdim``), right also where ``x²`` overflows."""
+    return _rstd(x, _sum_of_squares(x, dims) / _numel(x, dims), dims, eps)
 
 
+@_checked(_check_rms_norm_backward)
 def rms_norm_backward(
     dy: Tensor,
     x: Tensor,
@@ -400,13 +637,15 @@ def rms_norm_backward(
     dy_xhat = (dy * x).mul_(rrms)  # dy ⊙ x̂: the one full-size buffer this function allocates
     dweight = dy_xhat.sum(rows) if weight is not None else None
     if weight is not None:
-        dy_xhat.mul_(weight)  # ĝ ⊙ x̂
+        dy_xhat = _mul_(dy_xhat, weight)  # ĝ ⊙ x̂
     c2 = dy_xhat.mean(dims, keepdim=True)
-    ghat = dy_xhat.copy_(dy)  # the buffer is free again: ĝ = γ ⊙ dy goes in it
-    if weight is not None:
-        ghat.mul_(weight)
-    dx = ghat.addcmul_(x, rrms * c2, value=-1).mul_(rrms)  # rrms · (ĝ − x̂ c2)
-    return dx, dweight
+    if _in_place():
+        ghat = dy_xhat.copy_(dy)  # the buffer is free again: ĝ = γ ⊙ dy goes in it
+        if weight is not None:
+            ghat.mul_(weight)
+        return ghat.addcmul_(x, rrms * c2, value=-1).mul_(rrms), dweight  # rrms · (ĝ − x̂ c2)
+    ghat = dy if weight is None else dy * weight
+    return (ghat - x * (rrms * c2)) * rrms, dweight
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -421,7 +660,14 @@ class _RMSNorm(torch.autograd.Function):
         xa = x.to(acc)
         rrms = _rrms(xa, dims, eps)
         y = _affine_(xa * rrms, _as(weight, acc), None)  # x̂, then γ ⊙ x̂ in place
-        return y.to(x.dtype), rrms
+        return _fresh(y, x.dtype), rrms
+
+    @staticmethod
+    def _saved(inputs, output) -> tuple:
+        """What the backward (and the jvp) needs: the input, γ and the statistics."""
+        x, shape, weight, eps = inputs
+        _, rrms = output
+        return (x, weight, rrms)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -429,7 +675,7 @@ class _RMSNorm(torch.autograd.Function):
         _, rrms = output
         ctx.mark_non_differentiable(rrms)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, weight, rrms)
+        ctx.save_for_backward(*_RMSNorm._saved(inputs, output))
         ctx.shape, ctx.eps = shape, eps
 
     @staticmethod
@@ -440,7 +686,7 @@ class _RMSNorm(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         if torch.is_grad_enabled():  # create_graph: rrms as a differentiable function of x
             rrms = _rrms(x.to(acc), tuple(range(x.dim() - len(ctx.shape), x.dim())), ctx.eps)
-        dx, dweight = rms_norm_backward(dy.to(acc), x, rrms, ctx.shape, _as(weight, acc))
+        dx, dweight = rms_norm_backward.__wrapped__(dy.to(acc), x, rrms, ctx.shape, _as(weight, acc))
         need = ctx.needs_input_grad
         return (
             dx.to(x.dtype) if need[0] else None,
@@ -448,6 +694,27 @@ class _RMSNorm(torch.autograd.Function):
             dweight.to(weight.dtype) if need[2] else None,
             None,
         )
+
+
+class _RMSNormJvp(_RMSNorm):
+    """_RMSNorm with its forward-mode derivative, for ``torch.func.jvp``/``jacfwd``/``hessian`` and ``forward_ad``.
+
+    A class apart because ``torch.compile`` cannot trace a Function that defines ``jvp``.
+    """
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _RMSNorm.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*_RMSNorm._saved(inputs, output))
+
+    @staticmethod
+    def jvp(ctx, tx, _shape, tw, _eps):
+        x, weight, rrms = ctx.saved_tensors
+        acc = _acc_dtype(x.dtype)
+        dims = tuple(range(x.dim() - len(ctx.shape), x.dim()))
+        xhat = x.to(acc) * rrms
+        dxhat = None if tx is None else _xhat_tangent(xhat, tx.to(acc), rrms, dims, centre=False)
+        return _affine_tangent(xhat, dxhat, weight, tw, None).to(x.dtype), None
 
 
 def rms_norm(
@@ -479,8 +746,10 @@ def rms_norm(
         >>> rms_norm(torch.tensor([[3., 4.]]), 2, eps=0.0)
         tensor([[0.8485, 1.1314]])
     """
+    ctx, input, weight = autocast_float32("rms_norm", input, weight)
     shape, eps = check_rms_norm_args(input, normalized_shape, weight, eps)
-    return _RMSNorm.apply(input, shape, weight, eps)[0]
+    with ctx:
+        return _pick(_RMSNorm, _RMSNormJvp).apply(input, shape, weight, eps)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -488,12 +757,8 @@ def rms_norm(
 # ---------------------------------------------------------------------------
 
 
-def _check_running(stat: Optional[Tensor], name: str, num_channels: int) -> None:
-    if stat is None:
-        return
-    check_float_tensor(stat, name)
-    if tuple(stat.shape) != (num_channels,):
-        raise ValueError(f"{name} must have shape [{num_channels}] (got {list(stat.shape)})")
+def _check_running(stat: Optional[Tensor], name: str, num_channels: int, input: Tensor) -> None:
+    check_param(stat, name, (num_channels,), input)
 
 
 @torch.no_grad()
@@ -509,6 +774,7 @@ def _update_running(
     running.copy_(new)
 
 
+@_checked(_check_batch_norm_backward)
 def batch_norm_backward(
     dy: Tensor,
     xhat: Tensor,
@@ -553,11 +819,15 @@ def batch_norm_backward(
     dy_xhat = dy * xhat  # the one full-size buffer this function allocates
     dweight = dy_xhat.sum(dims)
     scale = rstd if weight is None else rstd * weight  # γ · rstd per channel
-    dx = dy_xhat.copy_(dy)
-    if training:
-        c1, c2 = dbias / n, dweight / n  # mean(dy), mean(dy ⊙ x̂) per channel
-        dx.sub_(view(c1)).addcmul_(xhat, view(c2), value=-1)
-    dx.mul_(view(scale))
+    if _in_place():
+        dx = dy_xhat.copy_(dy)
+        if training:
+            c1, c2 = dbias / n, dweight / n  # mean(dy), mean(dy ⊙ x̂) per channel
+            dx.sub_(view(c1)).addcmul_(xhat, view(c2), value=-1)
+        dx.mul_(view(scale))
+    else:
+        dx = dy - view(dbias / n) - xhat * view(dweight / n) if training else dy
+        dx = dx * view(scale)
     return dx, (dweight if weight is not None else None), dbias
 
 
@@ -581,10 +851,17 @@ class _BatchNormTrain(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         C = x.shape[1]
         xc, mean, shifted_mean, var = _moments(x.to(acc), _bn_dims(x))
-        rstd = torch.rsqrt(var + eps).reshape(C)
+        rstd = _rstd(xc, var, _bn_dims(x), eps).reshape(C)
         scale = rstd if weight is None else rstd * weight.to(acc)  # γ · rstd
         y = _bn_affine_(xc, scale, _as(bias, acc))  # (x − μ) · γ · rstd + β, in place
-        return y.to(x.dtype), mean.reshape(C), var.reshape(C), shifted_mean, rstd
+        return _fresh(y, x.dtype), mean.reshape(C), var.reshape(C), shifted_mean, rstd
+
+    @staticmethod
+    def _saved(inputs, output) -> tuple:
+        """What the backward (and the jvp) needs: the input, γ and the statistics."""
+        x, weight, bias, eps = inputs
+        _, mean, var, shifted_mean, rstd = output
+        return (x, weight, shifted_mean, rstd)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -592,7 +869,7 @@ class _BatchNormTrain(torch.autograd.Function):
         _, mean, var, shifted_mean, rstd = output
         ctx.mark_non_differentiable(mean, var, shifted_mean, rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, weight, shifted_mean, rstd)
+        ctx.save_for_backward(*_BatchNormTrain._saved(inputs, output))
         ctx.eps = eps
         ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -605,11 +882,11 @@ class _BatchNormTrain(torch.autograd.Function):
         dims = _bn_dims(x)
         if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
             xc, _, _, var = _moments(x.to(acc), dims)
-            rstd = torch.rsqrt(var + ctx.eps).reshape(-1)
+            rstd = _rstd(xc, var, dims, ctx.eps).reshape(-1)
             xhat = xc * _channel_view(rstd, x.dim())
         else:
             xhat = _recentre(x.to(acc), dims, shifted_mean).mul_(_channel_view(rstd, x.dim()))
-        dx, dweight, dbias = batch_norm_backward(dy.to(acc), xhat, rstd, _as(weight, acc), training=True)
+        dx, dweight, dbias = batch_norm_backward.__wrapped__(dy.to(acc), xhat, rstd, _as(weight, acc), training=True)
         need = ctx.needs_input_grad
         return (
             dx.to(x.dtype) if need[0] else None,
@@ -617,6 +894,28 @@ class _BatchNormTrain(torch.autograd.Function):
             dbias.to(ctx.bias_dtype) if need[2] else None,
             None,
         )
+
+
+class _BatchNormTrainJvp(_BatchNormTrain):
+    """_BatchNormTrain with its forward-mode derivative, for ``torch.func.jvp``/``jacfwd``/``hessian`` and ``forward_ad``.
+
+    A class apart because ``torch.compile`` cannot trace a Function that defines ``jvp``.
+    """
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _BatchNormTrain.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*_BatchNormTrain._saved(inputs, output))
+
+    @staticmethod
+    def jvp(ctx, tx, tw, tb, _eps):
+        x, weight, shifted_mean, rstd = ctx.saved_tensors
+        acc = _acc_dtype(x.dtype)
+        dims = _bn_dims(x)
+        view = lambda t: _channel_view(t, x.dim())  # noqa: E731
+        xhat = _recentre(x.to(acc), dims, shifted_mean) * view(rstd)
+        dxhat = None if tx is None else _xhat_tangent(xhat, tx.to(acc), view(rstd), dims)
+        return _affine_tangent(xhat, dxhat, weight, tw, tb, view).to(x.dtype), None, None, None, None
 
 
 class _BatchNormEval(torch.autograd.Function):
@@ -631,7 +930,14 @@ class _BatchNormEval(torch.autograd.Function):
         rstd = torch.rsqrt(running_var.to(acc) + eps)
         scale = rstd if weight is None else rstd * weight.to(acc)
         y = _bn_affine_(xc, scale, _as(bias, acc))
-        return y.to(x.dtype), rstd
+        return _fresh(y, x.dtype), rstd
+
+    @staticmethod
+    def _saved(inputs, output) -> tuple:
+        """What the backward (and the jvp) needs: the input, γ and the statistics."""
+        x, running_mean, running_var, weight, bias, eps = inputs
+        _, rstd = output
+        return (x, running_mean, weight, rstd)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -639,7 +945,7 @@ class _BatchNormEval(torch.autograd.Function):
         _, rstd = output
         ctx.mark_non_differentiable(rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, running_mean, weight, rstd)
+        ctx.save_for_backward(*_BatchNormEval._saved(inputs, output))
         ctx.bias_dtype = None if bias is None else bias.dtype
 
     @staticmethod
@@ -650,7 +956,7 @@ class _BatchNormEval(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         view = lambda t: _channel_view(t, x.dim())  # noqa: E731
         xhat = (x.to(acc) - view(running_mean.to(acc))).mul_(view(rstd))
-        dx, dweight, dbias = batch_norm_backward(dy.to(acc), xhat, rstd, _as(weight, acc), training=False)
+        dx, dweight, dbias = batch_norm_backward.__wrapped__(dy.to(acc), xhat, rstd, _as(weight, acc), training=False)
         need = ctx.needs_input_grad
         return (
             dx.to(x.dtype) if need[0] else None,
@@ -660,6 +966,37 @@ class _BatchNormEval(torch.autograd.Function):
             dbias.to(ctx.bias_dtype) if need[4] else None,
             None,
         )
+
+
+class _BatchNormEvalJvp(_BatchNormEval):
+    """_BatchNormEval with its forward-mode derivative, for ``torch.func.jvp``/``jacfwd``/``hessian`` and ``forward_ad``.
+
+    A class apart because ``torch.compile`` cannot trace a Function that defines ``jvp``.
+    """
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _BatchNormEval.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*_BatchNormEval._saved(inputs, output))
+
+    @staticmethod
+    def jvp(ctx, tx, t_mean, t_var, tw, tb, _eps):
+        # y = γ (x − μ̂) rstd + β with rstd = (σ̂² + ε)^(-1/2): the running statistics are
+        # inputs like any other, so a tangent of theirs moves y too.
+        x, running_mean, weight, rstd = ctx.saved_tensors
+        acc = _acc_dtype(x.dtype)
+        view = lambda t: _channel_view(t, x.dim())  # noqa: E731
+        xhat = (x.to(acc) - view(running_mean.to(acc))) * view(rstd)
+        dxhat = None
+        if tx is not None or t_mean is not None:
+            d = torch.zeros_like(xhat) if tx is None else tx.to(acc)
+            if t_mean is not None:
+                d = d - view(t_mean.to(acc))
+            dxhat = d * view(rstd)
+        if t_var is not None:  # d rstd = -rstd³ dσ̂² / 2, so dx̂ gains x̂ · (-rstd² dσ̂² / 2)
+            dv = xhat * view(-0.5 * rstd * rstd * t_var.to(acc))
+            dxhat = dv if dxhat is None else dxhat + dv
+        return _affine_tangent(xhat, dxhat, weight, tw, tb, view).to(x.dtype), None
 
 
 def batch_norm(
@@ -699,32 +1036,43 @@ def batch_norm(
         tensor([[ 1.,  1.,  1.],
                 [-1., -1., -1.]])
     """
-    check_float_tensor(input)
-    C = check_channels(input, "batch_norm")
-    _check_running(running_mean, "running_mean", C)
-    _check_running(running_var, "running_var", C)
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean and running_var must be given together (got one of them)")
-    check_param(weight, "weight", (C,))
-    check_param(bias, "bias", (C,))
+    ctx, input, running_mean, running_var, weight, bias = autocast_float32(
+        "batch_norm", input, running_mean, running_var, weight, bias
+    )
+    C = _check_channel_norm_args("batch_norm", input, running_mean, running_var, weight, bias)
     momentum = check_momentum(momentum, allow_none=False)
     eps = check_eps(eps)
     if not training and running_mean is None:
         raise ValueError("batch_norm in evaluation (training=False) needs running_mean and running_var")
 
-    if not training:
-        return _BatchNormEval.apply(input, running_mean, running_var, weight, bias, eps)[0]
-    n = input.numel() // C if C else 0
-    if n == 1:
-        raise ValueError(
-            f"batch_norm in training needs more than 1 value per channel to "
-            f"estimate a variance (got input of shape {list(input.shape)})"
-        )
-    y, mean, var, _, _ = _BatchNormTrain.apply(input, weight, bias, eps)
-    if running_mean is not None and n > 1:
-        _update_running(running_mean, mean, momentum)
-        _update_running(running_var, var * (n / (n - 1)), momentum)
-    return y
+    with ctx:
+        if not training:
+            return _pick(_BatchNormEval, _BatchNormEvalJvp).apply(input, running_mean, running_var, weight, bias, eps)[0]
+        n = input.numel() // C if C else 0
+        if n == 1:
+            raise ValueError(
+                f"batch_norm in training needs more than 1 value per channel to "
+                f"estimate a variance (got input of shape {list(input.shape)})"
+            )
+        y, mean, var, _, _ = _pick(_BatchNormTrain, _BatchNormTrainJvp).apply(input, weight, bias, eps)
+        if running_mean is not None and n > 1:  # an empty batch leaves the running statistics alone
+            _update_running(running_mean, mean, momentum)
+            _update_running(running_var, var * (n / (n - 1)), momentum)
+        return y
+
+
+def _check_channel_norm_args(what, input, running_mean, running_var, weight, bias) -> int:
+    """Shared checks of the (N, C, *) norms; returns ``C``."""
+    check_float_tensor(input)
+    C = check_channels(input, what, min_dim=3 if what == "instance_norm" else 2)
+    _check_running(running_mean, "running_mean", C, input)
+    _check_running(running_var, "running_var", C, input)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together (got one of them)")
+    check_param(weight, "weight", (C,), input)
+    check_param(bias, "bias", (C,), input)
+    check_dtypes(input, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var)
+    return C
 
 
 # ---------------------------------------------------------------------------
@@ -741,6 +1089,7 @@ def _grouped(x: Tensor, G: int) -> tuple[int, int, int, int]:
     return (N, G, C // G, S)
 
 
+@_checked(_check_group_norm_backward)
 def group_norm_backward(
     dy: Tensor,
     xhat: Tensor,
@@ -787,7 +1136,10 @@ def group_norm_backward(
     c1 = (w * sum_dy).sum(2, keepdim=True) / m  # mean(ĝ) per (sample, group)
     c2 = (w * sum_dy_xhat).sum(2, keepdim=True) / m  # mean(ĝ ⊙ x̂)
     # rstd · (ĝ − c1 − x̂ c2) = dy · (γ rstd) − rstd c1 − x̂ · (rstd c2)
-    dx = dy_xhat.copy_(dy4).mul_(w * rstd).sub_(rstd * c1).addcmul_(xhat4, rstd * c2, value=-1)
+    if _in_place():
+        dx = dy_xhat.copy_(dy4).mul_(w * rstd).sub_(rstd * c1).addcmul_(xhat4, rstd * c2, value=-1)
+    else:
+        dx = dy4 * (w * rstd) - rstd * c1 - xhat4 * (rstd * c2)
     dweight = sum_dy_xhat.sum(0).reshape(-1) if weight is not None else None
     return dx.reshape(dy.shape), dweight, sum_dy.sum(0).reshape(-1)
 
@@ -802,11 +1154,18 @@ class _GroupNorm(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         N, G, Cg, S = _grouped(x, G)
         xc, mean, shifted_mean, var = _moments(x.to(acc).reshape(N, G, Cg, S), (2, 3))
-        rstd = torch.rsqrt(var + eps)  # (N, G, 1, 1)
+        rstd = _rstd(xc, var, (2, 3), eps)  # (N, G, 1, 1)
         scale = rstd if weight is None else rstd * weight.to(acc).reshape(1, G, Cg, 1)  # γ · rstd
         b = None if bias is None else bias.to(acc).reshape(1, G, Cg, 1)
         y = _affine_(xc, scale, b)  # (x − μ) · γ · rstd + β, in place
-        return y.reshape(x.shape).to(x.dtype), mean.reshape(N, G), var.reshape(N, G), shifted_mean, rstd
+        return _fresh(y.reshape(x.shape), x.dtype), mean.reshape(N, G), var.reshape(N, G), shifted_mean, rstd
+
+    @staticmethod
+    def _saved(inputs, output) -> tuple:
+        """What the backward (and the jvp) needs: the input, γ and the statistics."""
+        x, G, weight, bias, eps = inputs
+        _, mean, var, shifted_mean, rstd = output
+        return (x, weight, shifted_mean, rstd)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -814,7 +1173,7 @@ class _GroupNorm(torch.autograd.Function):
         _, mean, var, shifted_mean, rstd = output
         ctx.mark_non_differentiable(mean, var, shifted_mean, rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, weight, shifted_mean, rstd)
+        ctx.save_for_backward(*_GroupNorm._saved(inputs, output))
         ctx.G, ctx.eps = G, eps
         ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -827,11 +1186,11 @@ class _GroupNorm(torch.autograd.Function):
         xg = x.to(acc).reshape(_grouped(x, ctx.G))
         if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
             xc, _, _, var = _moments(xg, (2, 3))
-            rstd = torch.rsqrt(var + ctx.eps)
+            rstd = _rstd(xc, var, (2, 3), ctx.eps)
             xhat = xc * rstd
         else:
             xhat = _recentre(xg, (2, 3), shifted_mean).mul_(rstd)
-        dx, dweight, dbias = group_norm_backward(
+        dx, dweight, dbias = group_norm_backward.__wrapped__(
             dy.to(acc), xhat.reshape(x.shape), rstd, ctx.G, _as(weight, acc)
         )
         need = ctx.needs_input_grad
@@ -842,6 +1201,29 @@ class _GroupNorm(torch.autograd.Function):
             dbias.to(ctx.bias_dtype) if need[3] else None,
             None,
         )
+
+
+class _GroupNormJvp(_GroupNorm):
+    """_GroupNorm with its forward-mode derivative, for ``torch.func.jvp``/``jacfwd``/``hessian`` and ``forward_ad``.
+
+    A class apart because ``torch.compile`` cannot trace a Function that defines ``jvp``.
+    """
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _GroupNorm.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*_GroupNorm._saved(inputs, output))
+
+    @staticmethod
+    def jvp(ctx, tx, _G, tw, tb, _eps):
+        x, weight, shifted_mean, rstd = ctx.saved_tensors
+        acc = _acc_dtype(x.dtype)
+        shape = _grouped(x, ctx.G)  # (N, G, C/G, S)
+        view = lambda t: t.reshape(1, shape[1], shape[2], 1)  # noqa: E731  (C,) -> per channel of a group
+        xhat = _recentre(x.to(acc).reshape(shape), (2, 3), shifted_mean) * rstd
+        dxhat = None if tx is None else _xhat_tangent(xhat, tx.to(acc).reshape(shape), rstd, (2, 3))
+        ty = _affine_tangent(xhat, dxhat, weight, tw, tb, view)
+        return ty.reshape(x.shape).to(x.dtype), None, None, None, None
 
 
 def group_norm(
@@ -865,18 +1247,17 @@ def group_norm(
         weight, bias: optional ``(C,)`` affine parameters.
         eps: added to the variance, ``>= 0``.
     """
-    check_float_tensor(input)
-    C = check_channels(input, "group_norm")
+    ctx, input, weight, bias = autocast_float32("group_norm", input, weight, bias)
+    C = _check_channel_norm_args("group_norm", input, None, None, weight, bias)
     G = check_positive_int(num_groups, "num_groups")
     if C % G != 0:
         raise ValueError(
             f"num_groups must divide the number of channels: got num_groups={G} "
             f"for input with {C} channels"
         )
-    check_param(weight, "weight", (C,))
-    check_param(bias, "bias", (C,))
     eps = check_eps(eps)
-    return _GroupNorm.apply(input, G, weight, bias, eps)[0]
+    with ctx:
+        return _pick(_GroupNorm, _GroupNormJvp).apply(input, G, weight, bias, eps)[0]
 
 
 def instance_norm(
@@ -907,30 +1288,30 @@ def instance_norm(
         momentum: weight of the new batch in the running average.
         eps: added to the variance, ``>= 0``.
     """
-    check_float_tensor(input)
-    C = check_channels(input, "instance_norm", min_dim=3)
-    _check_running(running_mean, "running_mean", C)
-    _check_running(running_var, "running_var", C)
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean and running_var must be given together (got one of them)")
-    check_param(weight, "weight", (C,))
-    check_param(bias, "bias", (C,))
+    ctx, input, running_mean, running_var, weight, bias = autocast_float32(
+        "instance_norm", input, running_mean, running_var, weight, bias
+    )
+    C = _check_channel_norm_args("instance_norm", input, running_mean, running_var, weight, bias)
     momentum = check_momentum(momentum, allow_none=False)
     eps = check_eps(eps)
 
-    if not use_input_stats:
-        if running_mean is None:
-            raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
-        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    with ctx:
+        if not use_input_stats:
+            if running_mean is None:
+                raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
+            return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
 
-    n = _numel(input, range(2, input.dim()))
-    if n == 1:
-        raise ValueError(
-            f"instance_norm needs more than 1 spatial element per channel "
-            f"(got input of shape {list(input.shape)})"
-        )
-    y, mean, var, _, _ = _GroupNorm.apply(input, C, weight, bias, eps)  # (N, C) statistics
-    if running_mean is not None and input.shape[0] > 0:
-        _update_running(running_mean, mean.mean(0), momentum)
-        _update_running(running_var, (var * (n / (n - 1))).mean(0), momentum)
-    return y
+        n = _numel(input, range(2, input.dim()))
+        if n == 1:
+            raise ValueError(
+                f"instance_norm needs more than 1 spatial element per channel "
+                f"(got input of shape {list(input.shape)})"
+            )
+        if C == 0:  # nothing to normalize (and no group to split into): an empty result, as torch
+            return input.clone()
+        y, mean, var, _, _ = _pick(_GroupNorm, _GroupNormJvp).apply(input, C, weight, bias, eps)  # (N, C) statistics
+        # No samples or no positions: nothing was measured, the running statistics stay as they were.
+        if running_mean is not None and input.shape[0] > 0 and n > 0:
+            _update_running(running_mean, mean.mean(0), momentum)
+            _update_running(running_var, (var * (n / (n - 1))).mean(0), momentum)
+        return y

@@ -47,7 +47,7 @@ def _accepts_bias(cls: type) -> bool:
 
 def _layer_norm(input, normalized_shape, weight, bias, eps):
     """The fused kernels for CUDA rows they cover, the reference math otherwise."""
-    check_dtypes(input, weight=weight, bias=bias)
+    check_float_tensor(input)
     if len(normalized_shape) == 1 and ops.use_fused(input):
         F.check_layer_norm_args(input, normalized_shape, weight, bias, eps)
         return ops.layer_norm(input, weight, bias, eps)
@@ -64,7 +64,6 @@ def _rms_norm(input, normalized_shape, weight, eps):
 
 
 def _group_norm(input, num_groups, weight, bias, eps):
-    check_dtypes(input, weight=weight, bias=bias)
     return F.group_norm(input, num_groups, weight, bias, eps)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from torch import Tensor, nn
 
 from . import ops
@@ -67,8 +69,12 @@ class TransformerBlock(nn.Module):
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         if norm not in ("layer", "rms"):
             raise ValueError(f'norm must be "layer" or "rms" (got {norm!r})')
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+            raise TypeError(f"dropout must be a number in [0, 1) (got {type(dropout).__name__} {dropout!r})")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {dropout})")
+        if not isinstance(norm_first, bool):
+            raise TypeError(f"norm_first must be a bool (got {type(norm_first).__name__} {norm_first!r})")
         eps = check_eps(eps)
         factory = {"device": device, "dtype": dtype}
         Norm = LayerNorm if norm == "layer" else RMSNorm

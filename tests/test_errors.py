@@ -155,3 +155,175 @@ def test_attention_shapes():
         attn(torch.randn(2, 3, 8), torch.ones(2, 3, 8, dtype=torch.long), torch.randn(2, 3, 8))
     with pytest.raises(ValueError, match='norm must be "layer" or "rms"'):
         nl.TransformerBlock(8, 2, norm="batch")
+
+
+# ----------------------------------------------------------------------------
+# Unusual and broken input, each answered as torch answers it or better
+# ----------------------------------------------------------------------------
+
+
+def test_parameters_left_on_the_meta_device_are_refused():
+    """A model built under torch.device("meta") and only partly loaded: never compute without γ/β."""
+    with torch.device("meta"):
+        ln, gn, bn = nl.LayerNorm(6), nl.GroupNorm(2, 6), nl.BatchNorm1d(6)
+    for call in (lambda: ln(x), lambda: gn(img), lambda: bn(x), lambda: F.layer_norm(x, (6,), ln.weight)):
+        with pytest.raises(ValueError, match=r"(weight|running_mean) is on device meta but input is on cpu.*never loaded"):
+            call()
+    rm = torch.zeros(6, device="meta")
+    with pytest.raises(ValueError, match="running_mean is on device meta"):
+        F.batch_norm(x, rm, torch.ones(6))
+
+
+def test_instance_norm_with_no_spatial_elements_leaves_the_running_statistics_alone():
+    m, ref = nl.InstanceNorm1d(6, track_running_stats=True), torch.nn.InstanceNorm1d(6, track_running_stats=True)
+    empty = torch.randn(2, 6, 0)
+    assert m(empty).shape == ref(empty).shape == (2, 6, 0)
+    assert torch.equal(m.running_mean, ref.running_mean) and torch.equal(m.running_var, ref.running_var)
+    assert torch.isfinite(m.running_var).all()
+
+
+def test_zero_channels_give_an_empty_result_as_in_torch():
+    for call_ours, call_torch in (
+        (lambda t: F.instance_norm(t), torch.nn.functional.instance_norm),
+        (lambda t: F.group_norm(t, 1), lambda t: torch.nn.functional.group_norm(t, 1)),
+    ):
+        t = torch.randn(2, 0, 5)
+        assert call_ours(t).shape == call_torch(t).shape == (2, 0, 5)
+
+
+HUGE = torch.tensor([[2e19, -2e19, 1e19, 0.0, 3e18, -5e18]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda t: F.layer_norm(t, (6,)),
+        lambda t: F.rms_norm(t, (6,)),
+        lambda t: F.group_norm(t.reshape(1, 6, 1), 2).reshape(1, 6),
+        lambda t: F.batch_norm(t.reshape(6, 1), None, None, training=True).reshape(1, 6),
+        lambda t: F.instance_norm(t.reshape(1, 1, 6)).reshape(1, 6),
+        lambda t: nl.LayerNorm(6).to(t.dtype)(t),
+        lambda t: nl.RMSNorm(6).to(t.dtype)(t),
+    ],
+    ids=["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "LayerNorm", "RMSNorm"],
+)
+def test_rows_whose_squares_overflow_give_the_true_answer(op, dtype):
+    """|x| ~ 2e19: x² overflows float32 (torch gives NaN or 0 here); normlib gives the float64 answer."""
+    t = HUGE.to(dtype)
+    got = op(t)
+    want = op(t.double()).to(dtype)  # float64 does not overflow at 4e38
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2)
+    # and its gradient is finite too
+    tg = t.float().clone().requires_grad_()
+    op(tg.to(dtype)).float().sin().sum().backward()
+    assert torch.isfinite(tg.grad).all()
+
+
+def test_rows_holding_inf_stay_nan_as_in_torch():
+    t = torch.tensor([[float("inf"), 1.0, 2.0, 3.0]])
+    assert torch.isnan(F.layer_norm(t, (4,))).all() and torch.isnan(torch.nn.functional.layer_norm(t, (4,))).all()
+
+
+def test_moments_refuses_dimensions_out_of_range():
+    t = torch.randn(2, 3)
+    with pytest.raises(IndexError, match=r"dims: dimension 2 is out of range for a 2-D tensor"):
+        F.moments(t, (2,))
+    with pytest.raises(IndexError, match="out of range"):
+        F.moments(t, (-3,))
+    with pytest.raises(ValueError, match="must not repeat"):
+        F.moments(t, (1, -1))
+    with pytest.raises(TypeError, match="dims must hold ints"):
+        F.moments(t, (1.0,))
+    torch.testing.assert_close(F.moments(t, -1)[2], t.var(-1, unbiased=False, keepdim=True))
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: F.layer_norm(x, (6,), torch.ones(6, dtype=torch.float64)), "weight"),
+        (lambda: F.layer_norm(x, (6,), None, torch.ones(6, dtype=torch.float64)), "bias"),
+        (lambda: F.group_norm(img, 2, torch.ones(6, dtype=torch.float64)), "weight"),
+        (lambda: F.batch_norm(x, torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64)), "running_mean"),
+        (lambda: F.instance_norm(img, weight=torch.ones(6, dtype=torch.float16)), "weight"),
+    ],
+)
+def test_functionals_refuse_what_the_modules_refuse(call, name):
+    """A float64 parameter with float32 input: torch raises, normlib's modules raise, and so do its functionals."""
+    with pytest.raises(TypeError, match=rf"input has dtype torch.float32 but {name} has dtype"):
+        call()
+
+
+def test_rms_norm_takes_any_weight_dtype_like_torch():
+    w = torch.ones(6, dtype=torch.float64)
+    assert F.rms_norm(x, (6,), w).dtype == torch.nn.functional.rms_norm(x, (6,), w).dtype == torch.float32
+
+
+@pytest.mark.parametrize("make", [lambda: x.to_sparse(), lambda: torch.nested.nested_tensor([x, x[:2]])],
+                         ids=["sparse", "nested"])
+def test_sparse_and_nested_inputs_get_a_clear_type_error(make):
+    t = make()
+    for call in (lambda: F.layer_norm(t, (6,)), lambda: nl.LayerNorm(6)(t), lambda: F.rms_norm(t, (6,))):
+        with pytest.raises(TypeError, match=r"input must be a (dense|regular)"):
+            call()
+
+
+def test_public_helpers_name_their_argument():
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        nl.ops.path_for([1.0, 2.0])
+    with pytest.raises(TypeError, match="residual must be a torch.Tensor or None"):
+        nl.ops.path_for(x, residual=3)
+    from normlib.distributed import combine_moments, local_moments
+
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        local_moments([1.0])
+    with pytest.raises(ValueError, match=r"local_moments expects x of shape \(N, C, \*\)"):
+        local_moments(torch.randn(5))
+    with pytest.raises(ValueError, match="at least one part"):
+        combine_moments(torch.zeros(0), torch.zeros(0, 3), torch.zeros(0, 3))
+    with pytest.raises(ValueError, match="non-negative whole numbers"):
+        combine_moments(torch.tensor([2.0, -1.0]), torch.zeros(2, 3), torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="count must be a torch.Tensor"):
+        combine_moments([2, 3], torch.zeros(2, 3), torch.zeros(2, 3))
+    # All counts zero: an empty union, no crash.
+    n, mean, m2 = combine_moments(torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, 3))
+    assert n.item() == 0 and torch.equal(m2, torch.zeros(3))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: F.layer_norm_backward(torch.ones(2, 4), torch.ones(2, 5), torch.ones(2, 1), (4,)),
+         r"xhat must have the shape of dy \[2, 4\]"),
+        (lambda: F.layer_norm_backward(torch.ones(2, 4), torch.ones(2, 4), torch.ones(2), (4,)),
+         r"rstd must have shape \[2, 1\]"),
+        (lambda: F.layer_norm_backward(torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 1), (4,), torch.ones(3)),
+         r"weight must have shape \[4\]"),
+        (lambda: F.rms_norm_backward(torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 2), (4,)),
+         r"rrms must have shape \[2, 1\]"),
+        (lambda: F.batch_norm_backward(torch.ones(2, 3, 4), torch.ones(2, 3, 4), torch.ones(4)),
+         r"rstd must have shape \[3\]"),
+        (lambda: F.group_norm_backward(torch.ones(2, 6, 4), torch.ones(2, 6, 4), torch.ones(2, 3), 4),
+         "num_groups must divide"),
+        (lambda: F.group_norm_backward(torch.ones(2, 6, 4), torch.ones(2, 6, 4), torch.ones(2, 2), 3),
+         r"rstd must hold N \* num_groups = 6"),
+        (lambda: F.layer_norm_backward("dy", torch.ones(2, 4), torch.ones(2, 1), (4,)), "dy must be a torch.Tensor"),
+    ],
+)
+def test_backward_functions_check_their_arguments(call, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        call()
+
+
+def test_modules_name_bad_constructor_arguments():
+    with pytest.raises(TypeError, match="dropout must be a number in"):
+        nl.TransformerBlock(8, 2, dropout="a")
+    with pytest.raises(TypeError, match="norm_first must be a bool"):
+        nl.TransformerBlock(8, 2, norm_first="yes")
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        nl.SyncBatchNorm(4, timeout=0)
+    attn = nl.MultiHeadAttention(8, 2)
+    q = torch.randn(2, 3, 8, dtype=torch.float64)
+    with pytest.raises(TypeError, match="q has dtype torch.float64 but the module's weights have dtype torch.float32"):
+        attn(q, q, q)

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from .. import functional as F
-from .._checks import check_eps, check_float_tensor, check_param
+from .._autocast import autocast_float32, runs_in_float32
+from .._checks import check_dtypes, check_eps, check_float_tensor, check_param
 from . import _custom_ops  # registers normlib::fused_norm and its backward with torch.library
 
 __all__ = [
@@ -56,10 +57,16 @@ def _triton_installed() -> bool:
 HAS_TRITON: bool = _triton_installed()
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _transformed() -> bool:
+    """Whether a ``torch.func`` transform or a forward-mode AD level is active."""
+    return bool(torch._C._are_functorch_transforms_active()) or torch.autograd.forward_ad._current_level >= 0
 
 
 def _compiling() -> bool:
@@ -80,7 +87,15 @@ def path_for(x: Tensor, residual: Optional[Tensor] = None) -> str:
         >>> path_for(torch.randn(4, 8))  # a CPU tensor, no interpreter
         'reference'
     """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor (got {type(x).__name__})")
+    if residual is not None and not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor or None (got {type(residual).__name__})")
     if not HAS_TRITON or x.dim() == 0:
+        return "reference"
+    if _transformed():
+        # torch.func transforms (vmap, grad, jvp, jacfwd, ...) and forward-mode AD see inside
+        # the autograd Functions of the reference math; the kernels are opaque to them.
         return "reference"
     if x.is_cuda:
         if residual is not None and not residual.is_cuda:
@@ -145,7 +160,8 @@ def use_fused(x: Tensor, residual: Optional[Tensor] = None) -> bool:
     return path_for(x, residual) == "triton"
 
 
-def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps) -> float:
+def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps,
+           is_rms: bool = False) -> float:
     check_float_tensor(x)
     if x.dim() == 0:
         raise ValueError("input must have at least one dimension (got a 0-D tensor)")
@@ -160,6 +176,8 @@ def _check(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias
         if t is not None and t.device != x.device:
             # the kernels would be handed a pointer they cannot read
             raise ValueError(f"{name} must be on the input's device {x.device} (got {t.device})")
+    if not is_rms:  # torch.nn.RMSNorm takes any weight dtype; LayerNorm the input's (or float32)
+        check_dtypes(x, weight=weight, bias=bias)
     return check_eps(eps)
 
 
@@ -197,21 +215,34 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
 
     Same result as ``normlib.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)``.
     """
+    ctx, x, weight, bias = autocast_float32("layer_norm", x, weight, bias)
     eps = _check(x, None, weight, bias, eps)
-    if path_for(x) == "reference":
-        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    return _fused(x, None, weight, bias, eps, False)[0]
+    with ctx:
+        if path_for(x) == "reference":
+            return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+        return _fused(x, None, weight, bias, eps, False)[0]
 
 
 def rms_norm(x: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None) -> Tensor:
     """RMSNorm over the last dimension; ``eps=None`` as in :func:`normlib.functional.rms_norm`."""
+    ctx, x, weight = autocast_float32("rms_norm", x, weight)
     if eps is None:
         check_float_tensor(x)
         eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
-    eps = _check(x, None, weight, None, eps)
-    if path_for(x) == "reference":
-        return F.rms_norm(x, x.shape[-1:], weight, eps)
-    return _fused(x, None, weight, None, eps, True)[0]
+    eps = _check(x, None, weight, None, eps, is_rms=True)
+    with ctx:
+        if path_for(x) == "reference":
+            return F.rms_norm(x, x.shape[-1:], weight, eps)
+        return _fused(x, None, weight, None, eps, True)[0]
+
+
+def _to_float32(t: Optional[Tensor]) -> Optional[Tensor]:
+    return t.float() if t is not None and t.dtype in _HALF else t
+
+
+def _autocast_out_dtype(op: str, x: Tensor) -> torch.dtype:
+    """The dtype of the norm's output: float32 where torch's autocast runs ``op`` in float32, else ``x``'s."""
+    return torch.float32 if x.dtype in _HALF and runs_in_float32(op, x) else x.dtype
 
 
 def _reference_add(x: Tensor, residual: Tensor) -> Tensor:
@@ -227,11 +258,14 @@ def add_layer_norm(
     Returns ``(y, residual_out)``; ``y`` has ``x``'s dtype. Gradients flow to
     ``x``, ``residual``, ``weight`` and ``bias`` through both outputs.
     """
+    if isinstance(x, Tensor) and runs_in_float32("layer_norm", x):  # as torch's autocast: γ, β in float32
+        weight, bias = _to_float32(weight), _to_float32(bias)
     eps = _check(x, residual, weight, bias, eps)
+    out_dtype = _autocast_out_dtype("layer_norm", x)
     if path_for(x, residual) == "reference":
         res_out = _reference_add(x, residual)
-        return F.layer_norm(res_out, x.shape[-1:], weight, bias, eps).to(x.dtype), res_out
-    return _fused(x, residual, weight, bias, eps, False)
+        return F.layer_norm(res_out, x.shape[-1:], weight, bias, eps).to(out_dtype), res_out
+    return _fused(x, residual, weight, bias, eps, False, out_dtype=out_dtype)
 
 
 def add_rms_norm(
@@ -241,8 +275,11 @@ def add_rms_norm(
     if eps is None:
         check_float_tensor(x)
         eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
-    eps = _check(x, residual, weight, None, eps)
+    if isinstance(x, Tensor) and runs_in_float32("rms_norm", x):
+        weight = _to_float32(weight)
+    eps = _check(x, residual, weight, None, eps, is_rms=True)
+    out_dtype = _autocast_out_dtype("rms_norm", x)
     if path_for(x, residual) == "reference":
         res_out = _reference_add(x, residual)
-        return F.rms_norm(res_out, x.shape[-1:], weight, eps).to(x.dtype), res_out
-    return _fused(x, residual, weight, None, eps, True)
+        return F.rms_norm(res_out, x.shape[-1:], weight, eps).to(out_dtype), res_out
+    return _fused(x, residual, weight, None, eps, True, out_dtype=out_dtype)

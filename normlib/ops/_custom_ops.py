@@ -70,14 +70,16 @@ def _reference_forward(x, residual, weight, bias, eps, is_rms, out_dtype=None, w
         xa = res_out.to(acc)
     if is_rms:
         mean = None
-        rstd = torch.rsqrt((xa * xa).mean(-1) + eps)
-        y = xa * rstd[:, None]
+        var = (xa * xa).mean(-1)
+        xc = xa
     else:
         d = xa - xa[:, :1]  # shifted by the row's first element, as the kernel does
         mean = d.mean(-1)  # (M,) mean minus the first element
         xc = d - mean[:, None]
-        rstd = 1.0 / torch.sqrt((xc * xc).mean(-1) + eps)
-        y = xc * rstd[:, None]
+        var = (xc * xc).mean(-1)
+    rstd = 1.0 / torch.sqrt(var + eps)
+    rstd = torch.where(torch.isinf(var), torch.full_like(rstd, float("nan")), rstd)  # as the kernel: NaN, not 0
+    y = xc * rstd[:, None]
     y = _round(y, round_xhat, x.dtype, weight)
     if weight is not None:
         y = y * (weight.to(acc) + 1.0 if w_plus_one else weight.to(acc))

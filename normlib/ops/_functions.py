@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import _kernels
 
@@ -37,6 +36,7 @@ class FusedNormFunction(torch.autograd.Function):
             out_dtype=out_dtype, w_plus_one=w_plus_one, round_xhat=round_xhat,
         )
         ctx.w_plus_one, ctx.round_xhat = w_plus_one, round_xhat
+        ctx.eps, ctx.out_dtype = eps, out_dtype
         if res_out is not None:
             ctx.save_for_backward(res_out, weight, mean, rstd)
             ctx.stride = N
@@ -50,9 +50,10 @@ class FusedNormFunction(torch.autograd.Function):
         return y, res_out
 
     @staticmethod
-    @once_differentiable  # the kernels' gradients have no graph of their own: double backward raises
     def backward(ctx, dy, dres_out):
         normalized, w, mean, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the gradient must itself be differentiable
+            return _differentiable_backward(ctx, normalized, w, dy, dres_out)
         N = normalized.shape[-1]
         if dy is None:  # only residual_out was used
             dy = torch.zeros_like(normalized, dtype=ctx.x_dtype)
@@ -78,3 +79,57 @@ class FusedNormFunction(torch.autograd.Function):
             round_xhat=ctx.round_xhat,
         )
         return dx, dresidual, dweight, dbias, None, None, None, None, None
+
+
+def _differentiable_backward(ctx, normalized, weight, dy, dres_out):
+    """The gradients as a graph of PyTorch ops, for a second derivative (``create_graph=True``).
+
+    The kernels' gradients are plain numbers with no graph behind them. When
+    autograd asks for a differentiable gradient, the backward formula runs in
+    PyTorch ops instead, with the statistics recomputed from the saved input,
+    so that a gradient of the gradient (``gradgradcheck``, gradient penalties,
+    Hessian-vector products) follows how they depend on it. Same formula and
+    rounding points as the kernels' backward (x̂ rounded only where γ's
+    gradient sees it).
+    """
+    from ._custom_ops import _round
+
+    need_x, need_res, need_w, need_b = ctx.needs_input_grad[:4]
+    has_res = ctx.residual_dtype is not None
+    N = normalized.shape[-1]
+    acc = torch.float64 if normalized.dtype == torch.float64 else torch.float32
+    xa = normalized.reshape(-1, N).to(acc)  # (M, N)
+    if ctx.is_rms:
+        rstd = torch.rsqrt((xa * xa).mean(-1, keepdim=True) + ctx.eps)  # rrms
+        xhat = xa * rstd
+    else:
+        xc = xa - xa.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + ctx.eps)
+        xhat = xc * rstd
+    dx = dweight = dbias = None
+    if dy is not None:
+        g = dy.reshape(-1, N).to(acc)  # (M, N)
+        w = None if weight is None else weight.to(acc) + (1.0 if ctx.w_plus_one else 0.0)
+        ghat = g if w is None else g * w  # ĝ = γ ⊙ dy
+        c2 = (ghat * xhat).mean(-1, keepdim=True)
+        if ctx.is_rms:
+            dx = (ghat - xhat * c2) * rstd
+        else:
+            dx = (ghat - ghat.mean(-1, keepdim=True) - xhat * c2) * rstd  # rstd · (ĝ − c1 − x̂ c2)
+        if need_w and weight is not None:
+            dweight = (g * _round(xhat, ctx.round_xhat, ctx.x_dtype, weight)).sum(0).to(weight.dtype)
+        if need_b and ctx.bias_dtype is not None:
+            dbias = g.sum(0).to(ctx.bias_dtype)
+    if has_res and dres_out is not None:
+        d = dres_out.reshape(-1, N).to(acc)
+        dx = d if dx is None else dx + d
+    dresidual = None
+    if dx is not None:
+        dx = dx.reshape(normalized.shape)
+        dresidual = dx.to(ctx.residual_dtype) if has_res and need_res else None
+        dx = dx.to(ctx.x_dtype) if need_x else None
+    if dweight is None and need_w and weight is not None:
+        dweight = torch.zeros_like(weight)
+    if dbias is None and need_b and ctx.bias_dtype is not None:
+        dbias = torch.zeros(N, dtype=ctx.bias_dtype, device=normalized.device)
+    return dx, dresidual, dweight, dbias, None, None, None, None, None

@@ -91,6 +91,9 @@ def _norm_fwd_kernel(
         tl.store(MEAN + rows, mean_d, mask=row_ok)
     var = tl.sum(xc * xc, axis=1) / N  # (ROWS,)
     rstd = 1.0 / tl.sqrt(var + eps)
+    # A row whose squares overflow (|x| beyond ~1.8e19 in fp32) has var = inf and would
+    # normalize to exactly 0, a plausible wrong answer: make it NaN instead (one select per row).
+    rstd = tl.where(var == float("inf"), float("nan"), rstd)
     tl.store(RSTD + rows, rstd, mask=row_ok)
     y = xc * rstd[:, None]
     if ROUND_XHAT == 1:
