@@ -11,8 +11,9 @@ multiplies before or after that cast):
 kind                            rounding order
 ==============================  =================================================================
 ``layer_norm``                  ``torch.nn.LayerNorm``: statistics and ``x̂ ⊙ γ + β`` in float32,
-                                one cast to the input's dtype at the end; under autocast the
-                                input is first cast to float32 (so is the output). Also timm's
+                                one cast to the input's dtype at the end; under autocast x, γ
+                                and β are first cast to the dtype autocast runs it in (float32
+                                on CUDA, the autocast dtype on CPU). Also timm's
                                 ``LayerNorm`` (which calls ``F.layer_norm``) when its fast-norm
                                 mode is off, and transformers' ``ConvNextLayerNorm`` with
                                 ``data_format="channels_last"``.
@@ -190,20 +191,35 @@ def _fits(x: Tensor, *params: Optional[Tensor]) -> bool:
     return x.dim() > 0 and all(t is None or t.shape == x.shape[-1:] for t in params)
 
 
-_AUTOCAST_FP32: dict = {}
+_AUTOCAST: dict = {}
 
 
-def _autocast_to_fp32(op: str, x: Tensor) -> bool:
-    """Whether autocast (enabled now, on ``x``'s device) runs ``op`` in float32: asked once of torch itself."""
+def _autocast_dtype(op: str, x: Tensor) -> Optional[torch.dtype]:
+    """The dtype autocast (enabled now, on ``x``'s device) casts ``op``'s inputs to, or ``None``: asked of torch once.
+
+    On CUDA ``layer_norm`` runs in float32; on CPU it runs in the autocast
+    dtype (bfloat16): two probes tell the policy without a table.
+    """
     dev = x.device.type
     if not torch.is_autocast_enabled(dev):
-        return False
+        return None
     key = (op, dev, torch.get_autocast_dtype(dev))
-    if key not in _AUTOCAST_FP32:
-        probe = torch.ones(1, 2, device=x.device, dtype=key[2])
-        out = F_layer_norm(probe, (2,)) if op == "layer_norm" else torch.nn.functional.rms_norm(probe, (2,))
-        _AUTOCAST_FP32[key] = out.dtype == torch.float32
-    return _AUTOCAST_FP32[key]
+    if key not in _AUTOCAST:
+        f = F_layer_norm if op == "layer_norm" else torch.nn.functional.rms_norm
+        low = f(torch.ones(1, 2, device=x.device, dtype=key[2]), (2,)).dtype
+        high = f(torch.ones(1, 2, device=x.device, dtype=torch.float32), (2,)).dtype
+        _AUTOCAST[key] = torch.float32 if low == torch.float32 else key[2] if high == key[2] else None
+    return _AUTOCAST[key]
+
+
+def _autocast(op: str, x: Tensor, *params: Optional[Tensor]) -> tuple:
+    """``x`` and γ/β as autocast hands them to ``op``: floating tensors on its device, but float64, cast."""
+    dtype = _autocast_dtype(op, x)
+    if dtype is None:
+        return (x,) + params
+    dev = x.device.type
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.device.type == dev
+                 and t.dtype != torch.float64 else t for t in (x,) + params)
 
 
 F_layer_norm = torch.nn.functional.layer_norm
@@ -212,8 +228,7 @@ F_layer_norm = torch.nn.functional.layer_norm
 def _layer_norm(x, w, b, eps, m):
     if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
         return None
-    if _autocast_to_fp32("layer_norm", x):
-        x = x.float()
+    x, w, b = _autocast("layer_norm", x, w, b)
     return ops._fused(x, None, w, b, eps, False)[0]
 
 
@@ -227,8 +242,7 @@ def _channels_first_layer_norm(x, w, b, eps, m):
 def _rms_norm(x, w, b, eps, m):
     if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w):
         return None
-    if _autocast_to_fp32("rms_norm", x):
-        x = x.float()
+    x, w = _autocast("rms_norm", x, w)
     eps = eps if eps is not None else torch.finfo(torch.float32).eps
     return ops._fused(x, None, w, None, eps, True)[0]
 
@@ -345,7 +359,7 @@ KINDS: dict[str, NormKind] = {
     for k in (
         NormKind(
             "layer_norm",
-            "statistics and x̂·γ + β in float32, cast to the input's dtype at the end (float32 under autocast)",
+            "statistics and x̂·γ + β in float32, cast to the input's dtype at the end (autocast's dtype under autocast)",
             (_LAYER_NORM, Anchor("timm.layers.norm", "LayerNorm", "weight", "bias", "eps")),
             _layer_norm,
             _select_layer_norm,
