@@ -268,6 +268,8 @@ def _t5_layer_norm(x, w, b, eps, m):
 
 
 def _float32_rms_norm(x, w, b, eps, m):
+    if w is not None and w.dim() == 0:  # Gemma-3n's with_scale=False in transformers 4.x: a scalar γ of 1
+        w = w.expand(x.shape[-1:]).contiguous()
     if not _fits(x, w):
         return None
     return ops._fused(x, None, w, None, eps, True, x.dtype, False, 0)[0]

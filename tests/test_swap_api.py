@@ -378,7 +378,12 @@ def test_containers_are_not_listed_and_their_norms_are_swapped():
     """StableLM's q/k LayerNorm per head holds one nn.LayerNorm per head: those are swapped, the holder is no norm."""
     cfg = transformers.StableLmConfig(vocab_size=64, hidden_size=N, num_hidden_layers=1, num_attention_heads=2,
                                       num_key_value_heads=2, intermediate_size=32, qk_layernorm=True)
-    model = transformers.StableLmForCausalLM(cfg).eval()
+    try:
+        model = transformers.StableLmForCausalLM(cfg).eval()
+    except AttributeError as e:  # transformers 4.x: its _init_weights zeroes the bias the q/k norms lack
+        if transformers.__version__.startswith("4."):
+            pytest.skip(f"transformers {transformers.__version__} cannot build StableLM with qk_layernorm: {e}")
+        raise
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing norm-like is left alone, so no warning
         report = nl.swap_norms(model)
