@@ -685,13 +685,13 @@ def _static_dump(anchor: Anchor) -> Optional[str]:
             text = f.read()
     except (ImportError, ValueError, AttributeError, TypeError, OSError):
         return None
-    found = re.search(rf"^class {re.escape(anchor.name)}\b.*?:\s*$", text, re.M)
+    found = re.search(rf"^class {re.escape(anchor.name)}\b.*?:[ \t]*$", text, re.M)
     if found is None:
         return None
     rest = text[found.end():]
     end = re.search(r"^\S", rest, re.M)  # the next statement at the top level ends the class
     body = rest[: end.start()] if end else rest
-    fwd = re.search(r"^(\s+)def forward\(", body, re.M)
+    fwd = re.search(r"^([ \t]+)def forward\(", body, re.M)
     if fwd is None:  # inherited: only importing tells
         return None
     lines, out = body[fwd.start():].splitlines(), []

@@ -418,6 +418,88 @@ def test_gemmas_forward_with_another_norm_method_is_not_gemma():
     assert nl.interop.recognise(OtherNorm(8))[0] is None
 
 
+LLAMA_RENAMED = '''
+class Copy(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, h):  # other names, other annotations, other layout: the same computation
+        dt: torch.dtype = h.dtype
+        h = h.to(
+            torch.float32
+        )
+        v = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(v + self.variance_epsilon)
+        return self.weight * h.to(dt)
+'''
+
+# Look-alikes: each differs from a kind's forward in one detail that changes what it computes (or might).
+LOOKALIKES = {
+    # Llama's forward, but γ multiplies before the cast: that is float32_rms_norm's order, not Llama's
+    "gamma before the cast": (LLAMA_LIKE.replace("return self.weight * hidden_states.to(input_dtype)",
+                                                 "return (self.weight * hidden_states).to(input_dtype)"),
+                              "float32_rms_norm"),
+    # statistics in the input's own dtype: no kind rounds like that
+    "no up-cast": (LLAMA_LIKE.replace("        hidden_states = hidden_states.to(torch.float32)\n", ""), None),
+    # another attribute for γ: the module's own `scale`, which the kernels would not be handed
+    "other attribute": (LLAMA_LIKE.replace("self.weight * hidden_states", "self.scale * hidden_states")
+                        .replace("self.weight = nn.Parameter", "self.scale = nn.Parameter"), None),
+    # ε added twice
+    "other constant": (LLAMA_LIKE.replace("variance + self.variance_epsilon",
+                                          "variance + 2 * self.variance_epsilon"), None),
+    # the mean over another dimension
+    "other dimension": (LLAMA_LIKE.replace("mean(-1, keepdim=True)", "mean(-2, keepdim=True)"), None),
+}
+
+
+def test_recognition_ignores_annotations_names_and_layout():
+    importlib.import_module("transformers.models.llama.modeling_llama")
+    kind, why = nl.interop.recognise(_define(LLAMA_RENAMED, torch=torch, nn=nn)(8))
+    assert kind.name == "llama_rms_norm" and "LlamaRMSNorm" in why
+
+
+@pytest.mark.parametrize("name", list(LOOKALIKES))
+def test_lookalikes_are_not_taken_for_what_they_resemble(name):
+    for mod in ("llama", "olmo2"):
+        importlib.import_module(f"transformers.models.{mod}.modeling_{mod}")
+    source, expected = LOOKALIKES[name]
+    kind, why = nl.interop.recognise(_define(source, torch=torch, nn=nn)(8))
+    assert (kind.name if kind else None) == expected, why
+
+
+def test_a_recognised_forward_without_the_attributes_it_reads_is_left_alone():
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    norm = llama.LlamaRMSNorm(8)
+    del norm.variance_epsilon
+    report = nl.swap_norms(nn.Sequential(norm), warn=False)
+    ((_, why),) = report.left.values()
+    assert report.count == 0 and "no attribute variance_epsilon" in why
+
+
+def test_nemotrons_and_debertas_lookalikes():
+    nemotron = importlib.import_module("transformers.models.nemotron.modeling_nemotron")
+    deberta = importlib.import_module("transformers.models.deberta.modeling_deberta")
+
+    class TwoP(nemotron.NemotronLayerNorm1P):  # 2 + γ: not Nemotron's 1 + γ
+        def forward(self, input):
+            return nemotron.F.layer_norm(input, self.normalized_shape, self.weight + 2.0, self.bias, self.eps)
+
+    class NoRound(deberta.DebertaLayerNorm):  # DeBERTa without the cast of x̂: another rounding order
+        def forward(self, hidden_states):
+            hidden_states = hidden_states.float()
+            mean = hidden_states.mean(-1, keepdim=True)
+            variance = (hidden_states - mean).pow(2).mean(-1, keepdim=True)
+            hidden_states = (hidden_states - mean) / torch.sqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states + self.bias
+
+    assert nl.interop.recognise(nemotron.NemotronLayerNorm1P(8))[0].name == "layer_norm_1p"
+    assert nl.interop.recognise(TwoP(8))[0] is None
+    assert nl.interop.recognise(deberta.DebertaLayerNorm(8))[0].name == "deberta_layer_norm"
+    assert nl.interop.recognise(NoRound(8))[0] is None
+
+
 def test_convnexts_forward_over_another_parent_is_not_layer_norm():
     convnext = importlib.import_module("transformers.models.convnext.modeling_convnext")
 
@@ -550,8 +632,30 @@ def test_a_family_is_recognised_when_only_its_own_modeling_file_is_loaded():
                                        num_key_value_heads=1, intermediate_size=32)
         model = modeling_qwen2.Qwen2ForCausalLM(cfg)
         print("llama loaded before:", "transformers.models.llama.modeling_llama" in sys.modules)
+        before = set(sys.modules)
         print(nl.swap_norms(model).count)
+        print(sorted(m for m in set(sys.modules) - before if ".modeling_" in m))
     ''')
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["llama loaded before: False", "5"]
+    assert out.stdout.split("\n")[:3] == ["llama loaded before: False", "5",
+                                          "['transformers.models.llama.modeling_llama']"]
+    # the other anchors (Cohere, Nemotron, Mamba2, ...) were read from their files, not imported (finding a file
+    # imports its package, a lazy module that loads nothing)
+
+
+def test_anchors_read_from_their_files_match_the_imported_classes():
+    """The syntax tree read from an anchor's file (to avoid importing it) is the one its imported class has."""
+    checked = 0
+    for entry in list(nl.interop.KINDS.values()) + list(nl.interop.UNFUSED.values()):
+        for anchor in entry.anchors:
+            if not anchor.module.startswith("transformers."):
+                continue
+            try:
+                cls = getattr(importlib.import_module(anchor.module), anchor.name)
+            except (ImportError, AttributeError):  # not in this transformers version
+                continue
+            static = nl.interop._static_dump(anchor)
+            assert static is not None and static == nl.interop._forward_dump(cls), anchor
+            checked += 1
+    assert checked >= 15

@@ -424,3 +424,37 @@ def test_the_report_of_a_model_swapped_fully_is_unchanged_in_form():
     report = nl.swap_norms(_llama())
     assert str(report) == ("swap_norms: 5 norm module(s) swapped\n"
                            "  swapped     5 x transformers.models.llama.modeling_llama.LlamaRMSNorm (llama_rms_norm)")
+
+
+# ---- what worked with the instance forward and must keep working with the swapped class -----------------
+
+
+def test_generate_save_pretrained_and_gradient_checkpointing(tmp_path):
+    model, ref = _llama(), _llama()
+    nl.swap_norms(model)
+    ids = _ids()[:, :4]
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kwargs), ref.generate(ids, **kwargs))
+    model.save_pretrained(tmp_path / "m")
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "m").eval()
+    assert not hasattr(type(loaded.model.norm), "_normlib_kind")  # a fresh model, not swapped
+    with torch.no_grad():
+        assert torch.equal(loaded(_ids()).logits, ref(_ids()).logits)
+    losses = []
+    for m in (model, ref):
+        m.train()
+        m.gradient_checkpointing_enable()
+        loss = m(_ids(), labels=_ids()).loss
+        loss.backward()
+        losses.append((loss.detach(), [p.grad for p in m.parameters()]))
+    assert torch.equal(losses[0][0], losses[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(losses[0][1], losses[1][1]))
+
+
+def test_torch_export_of_a_swapped_model():
+    model, ref = _traceable(), _traceable()
+    ref[4].load_state_dict(model[4].state_dict())
+    nl.swap_norms(model)
+    x = torch.randn(2, 5, N)
+    exported = torch.export.export(model, (x,))
+    assert torch.equal(exported.module()(x), ref(x))
