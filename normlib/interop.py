@@ -737,22 +737,29 @@ def _same_computation(cls: type, anchor: type) -> bool:
 
 
 _TORCH_FUSED = (nn.LayerNorm, nn.RMSNorm)
+_TORCH_NORMS = _TORCH_FUSED + UNFUSED["torch_norm_without_kernel"].torch_classes
 _UNKNOWN = ("its forward computes none of the norms normlib fuses (normlib.interop.KINDS); it runs unchanged "
             "(if it is a standard norm, please report it)")
-_CLASSES: dict = {}  # class -> (kind or Unfused or None, anchor or None, why)
+_CLASSES: dict = {}  # (class, which anchor libraries were loaded) -> (kind or Unfused or None, anchor or None, why)
+
+
+def _libraries() -> tuple:
+    """Which anchors' libraries are imported: a class's match can only change when these do."""
+    return tuple(_library_loaded(a.module) for table in (KINDS, UNFUSED) for e in table.values() for a in e.anchors)
 
 
 def _match(cls: type) -> tuple:
     """``(NormKind or Unfused or None, anchor, why)`` for a class, from its forward alone."""
-    if cls in _CLASSES:
-        return _CLASSES[cls]
+    key = (cls, _libraries())
+    if key in _CLASSES:
+        return _CLASSES[key]
     if cls.__module__.startswith("normlib."):
         out = (None, None, "already a normlib module")
-    elif cls.__module__.startswith("torch.") and not issubclass(cls, _TORCH_FUSED + UNFUSED["torch_norm_without_kernel"].torch_classes):
+    elif cls.__module__.startswith("torch.") and not issubclass(cls, _TORCH_NORMS):
         out = (None, None, _UNKNOWN)  # torch's own Linear, Dropout, ...: known not to be norms
     else:
         out = _match_forward(cls)
-    _CLASSES[cls] = out
+    _CLASSES[key] = out
     return out
 
 

@@ -51,6 +51,20 @@ class SwapReport:
     already: Counter = field(default_factory=Counter)  # class name -> count swapped before
     left: dict = field(default_factory=dict)  # class name -> (count, reason)
 
+    def __post_init__(self):
+        for name in ("swapped", "already"):
+            value = getattr(self, name)
+            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(n, int) for k, n in value.items()):
+                raise TypeError(f"{name} must map class names to counts (got {value!r})")
+            setattr(self, name, Counter(value))
+        if not isinstance(self.kinds, dict) or not all(isinstance(v, str) for v in self.kinds.values()):
+            raise TypeError(f"kinds must map class names to kind names (got {self.kinds!r})")
+        if not isinstance(self.left, dict) or not all(
+            isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
+            for v in self.left.values()
+        ):
+            raise TypeError(f"left must map class names to (count, reason) pairs (got {self.left!r})")
+
     @property
     def count(self) -> int:
         """Modules that run through normlib now (swapped by this call or before)."""
@@ -335,7 +349,11 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
             if slots is None:
                 binding, why = None, why_not
         if binding is not None:
-            _swap(module, binding)
+            try:
+                _swap(module, binding)
+            except Exception as e:  # a class that refuses subclasses, or a layout __class__ cannot be assigned over
+                binding, why = None, f"normlib cannot give it a swapped class ({e}); it runs unchanged"
+        if binding is not None:
             report.swapped[name] += 1
             kinds = set(report.kinds.get(name, "").split(", ")) - {""}
             report.kinds[name] = ", ".join(sorted(kinds | {binding.kind}))

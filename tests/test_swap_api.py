@@ -200,6 +200,31 @@ def test_a_wrapper_added_after_the_swap_runs_around_the_kernels_and_survives_uns
     assert seen == [1, 1] and len(kernels) == 1
 
 
+def test_the_class_forward_bound_on_the_instance_is_rebound_and_restored():
+    """After accelerate's remove_hook_from_module the instance holds its class's bound forward: that one is swapped."""
+    norm = _rms()
+    bound = norm.forward
+    norm.forward = bound
+    report = nl.swap_norms(norm)
+    assert report.count == 1 and vars(norm)["forward"].__func__ is type(norm).forward
+    x = torch.randn(2, N)
+    assert torch.equal(norm(x), bound(x))
+    nl.unswap_norms(norm)
+    assert vars(norm)["forward"] is bound  # the very object that was there
+
+
+def test_a_class_that_refuses_subclasses_is_left_alone_with_the_reason():
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+
+    class Sealed(llama.LlamaRMSNorm):
+        def __init_subclass__(cls, **kwargs):
+            raise TypeError("Sealed cannot be subclassed")
+
+    with pytest.warns(UserWarning, match="cannot give it a swapped class"):
+        report = nl.swap_norms(nn.Sequential(Sealed(4)))
+    assert report.count == 0 and type(report) is nl.SwapReport
+
+
 # ---- calls, copies, the garbage collector ------------------------------------------------------------------
 
 
@@ -364,6 +389,17 @@ def test_torch_jit_trace_of_a_swapped_model():
 def test_bad_arguments_name_what_was_expected(call, match):
     with pytest.raises(TypeError, match=match):
         call()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(swapped=[1]), "swapped must map class names to counts"),
+    (dict(already={"x": "many"}), "already must map class names to counts"),
+    (dict(kinds={"x": 1}), "kinds must map class names to kind names"),
+    (dict(left={"x": 3}), r"left must map class names to \(count, reason\) pairs"),
+])
+def test_a_report_built_by_hand_checks_its_fields(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        nl.SwapReport(**kwargs)
 
 
 def test_swap_norms_takes_warn_by_keyword_only():
