@@ -60,7 +60,7 @@ is only consulted when that library is already imported, and its file is only
 imported once a class's forward has the anchor's syntax tree (read from the
 file), so normlib itself imports neither transformers nor timm.
 
-Some norms are recognised and deliberately left alone (:data:`UNFUSED`), each
+Some norms are recognised and deliberately left alone (``UNFUSED``), each
 with the reason the report gives: gated RMSNorms, frozen batch norms, and
 torch's BatchNorm/GroupNorm/InstanceNorm/LocalResponseNorm. Anything else is
 left alone and reported too, e.g. VitDet's LayerNorm, whose statistics are
@@ -70,7 +70,7 @@ class of the installed ``transformers``.
 
 On tensors the kernels do not cover (CPU, other dtypes, wide rows, a weight
 on another device), a swapped module runs its class's own ``forward``: the
-same numbers, bit for bit. :func:`fused` decides that, in one place.
+same numbers, bit for bit. The function ``fused`` decides that, in one place.
 """
 
 from __future__ import annotations
@@ -789,12 +789,12 @@ def _anchor_why(cls: type, anchor_cls: type) -> str:
 
 
 def classify(cls: type) -> tuple[Optional[str], str]:
-    """``(kind, why)`` for a norm class from its forward alone: a name of :data:`KINDS`, or ``None`` and the reason.
+    """``(kind, why)`` for a norm class from its forward alone: a name of ``KINDS``, or ``None`` and the reason.
 
     Instances may still be left alone by their settings (``recognise`` looks
     at those): a ConvNeXt LayerNorm is ``channels_first_layer_norm`` here and
     ``layer_norm`` with ``data_format="channels_last"``. Norms deliberately
-    left alone (:data:`UNFUSED`) give their reason.
+    left alone (``UNFUSED``) give their reason.
 
     Example:
         >>> classify(torch.nn.LayerNorm)
