@@ -145,7 +145,7 @@ def _forward_for(original, binding):
     else:
         source = _TEMPLATE.format(params="*args, **kwargs", one_input=" and len(args) == 1 and not kwargs", x="args[0]")
     namespace: dict = {}
-    exec(source, namespace)
+    exec(compile(source, "<normlib.swap: the swapped forward>", "exec"), namespace)  # a name for tracebacks
     forward, belongs_to = namespace["make"](interop.fused, original, binding)
     fn = types.FunctionType(forward.__code__, original.__globals__, original.__name__, None, forward.__closure__)
     functools.update_wrapper(fn, original)
