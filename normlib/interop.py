@@ -7,48 +7,70 @@ rounds. Each entry says how a class is recognised and in which order it
 rounds (up-cast to float32, where the result is cast back, whether the weight
 multiplies before or after that cast):
 
-=============================  ==================================================================
-kind                           rounding order
-=============================  ==================================================================
-``layer_norm``                 ``torch.nn.LayerNorm``: statistics and ``x̂ ⊙ γ + β`` in float32,
-                               one cast to the input's dtype at the end; under autocast the
-                               input is first cast to float32 (so is the output). Also timm's
-                               ``LayerNorm`` (which calls ``F.layer_norm``) when its fast-norm
-                               mode is off, and transformers' ``ConvNextLayerNorm`` with
-                               ``data_format="channels_last"``.
-``channels_first_layer_norm``  ConvNeXt-style LayerNorm over the channels of ``(N, C, H, W)``
-                               input (transformers' ``ConvNextLayerNorm`` with
-                               ``data_format="channels_first"`` and its copies, timm's
-                               ``LayerNorm2d``, transformers' ``EomtLayerNorm2d``): the channel
-                               dimension is moved last, normalized in ``layer_norm``'s order,
-                               and moved back, so the output is a permuted view, as theirs.
-``rms_norm``                   ``torch.nn.RMSNorm``: like ``layer_norm``, without mean and β.
-``llama_rms_norm``             Llama, Mistral, Qwen2/3 and the other classes whose forward is
-                               Llama's: ``x̂`` in float32 is cast to the input's dtype *before*
-                               multiplying by γ; the output has the promoted dtype of γ and x.
-``gemma_rms_norm``             Gemma: ``x̂ ⊙ (1 + γ)`` all in float32, cast to the input's dtype
-                               at the end.
-``t5_layer_norm``              T5: RMS statistics in float32; ``x̂`` is cast to γ's dtype when
-                               γ is float16/bfloat16, then multiplied by γ; else the output is
-                               float32.
-=============================  ==================================================================
+==============================  =================================================================
+kind                            rounding order
+==============================  =================================================================
+``layer_norm``                  ``torch.nn.LayerNorm``: statistics and ``x̂ ⊙ γ + β`` in float32,
+                                one cast to the input's dtype at the end; under autocast x, γ
+                                and β are first cast to the dtype autocast runs it in (float32
+                                on CUDA, the autocast dtype on CPU). Also timm's
+                                ``LayerNorm`` (which calls ``F.layer_norm``) when its fast-norm
+                                mode is off, and transformers' ``ConvNextLayerNorm`` with
+                                ``data_format="channels_last"``.
+``channels_first_layer_norm``   ConvNeXt-style LayerNorm over the channels of ``(N, C, H, W)``
+                                input (transformers' ``ConvNextLayerNorm`` with
+                                ``data_format="channels_first"`` and its copies, timm's
+                                ``LayerNorm2d``, transformers' ``EomtLayerNorm2d``): the channel
+                                dimension is moved last, normalized in ``layer_norm``'s order,
+                                and moved back, so the output is a permuted view, as theirs.
+``rms_norm``                    ``torch.nn.RMSNorm``: like ``layer_norm``, without mean and β.
+``llama_rms_norm``              Llama, Mistral, Qwen2/3, Mamba and the other classes whose forward
+                                is Llama's, Llama-4's text RMSNorm, CPM-Ant's: ``x̂`` in float32 is
+                                cast to the input's dtype *before* multiplying by γ; the output
+                                has the promoted dtype of γ and x.
+``gemma_rms_norm``              Gemma: ``x̂ ⊙ (1 + γ)`` all in float32, cast to the input's dtype
+                                at the end.
+``t5_layer_norm``               T5: RMS statistics in float32; ``x̂`` is cast to γ's dtype when
+                                γ is float16/bfloat16, then multiplied by γ; else the output is
+                                float32.
+``float32_rms_norm``            OLMo-2/OLMo-3, gpt-oss, Helium, Moshi, Gemma-3n and the RMSNorms
+                                without γ (NanoChat, Llama-4's L2 norm, ...): ``x̂ ⊙ γ`` in
+                                float32 (γ up-cast), one cast to the input's dtype at the end.
+``float32_layer_norm``          Cohere's LayerNorm (γ, no β) and OLMo's (neither): statistics
+                                and ``x̂ ⊙ γ`` in float32, one cast to the input's dtype at the
+                                end, with or without autocast.
+``layer_norm_1p``               Nemotron's ``LayerNorm1P``: ``1 + γ`` computed (and rounded) in
+                                γ's dtype, then ``layer_norm``'s order; under autocast the input,
+                                ``1 + γ`` and β are first cast to the autocast dtype, and the norm
+                                runs in that dtype.
+``deberta_layer_norm``          DeBERTa's (v1) LayerNorm: ``x̂`` in float32, cast to the input's
+                                dtype, *then* ``γ ⊙ x̂ + β`` (output: promoted dtype of γ, x, β).
+==============================  =================================================================
 
-Recognition is by what a module computes, never by its name: a ``torch.nn``
-class counts when its subclass does not override ``forward``; another
-library's class counts when its ``forward`` is the same code as the forward
-of one of the *anchor* classes below: the same syntax tree (comments,
-docstrings and formatting aside), the same objects behind the global names it
-uses (``torch``, ``F``, ...), the same code behind every method it calls on
-``self``, and the same method behind every ``super().…`` call; and the module
-holds the attributes that forward reads. An anchor is only consulted when its
-library is already imported (then its file is imported too: a Qwen2 model
-loads Qwen2's modeling file, not Llama's), so normlib itself imports neither
-transformers nor timm. Anything else is left alone and reported, e.g. VitDet's LayerNorm, whose
-statistics are computed in the input's own dtype (the kernels accumulate in
-float32 and cannot round like it).
+Recognition is by what a module computes, never by its name: a class counts
+when its ``forward`` is the same code as the forward of one of the *anchor*
+classes below: the same syntax tree once annotations, docstrings, comments,
+formatting and the names of local variables are set aside, the same objects
+behind the global names it uses (``torch``, ``F``, ...), the same code behind
+every method it calls on ``self``, and the same method behind every
+``super().…`` call; and the module holds every attribute that code reads.
+``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` are anchors too, so their
+subclasses count when they keep torch's forward. An anchor from another library
+is only consulted when that library is already imported, and its file is only
+imported once a class's forward has the anchor's syntax tree (read from the
+file), so normlib itself imports neither transformers nor timm.
 
-On tensors the kernels do not cover (CPU, other dtypes, wide rows), a
-swapped module runs its class's own ``forward``: the same numbers, bit for bit.
+Some norms are recognised and deliberately left alone (``UNFUSED``), each
+with the reason the report gives: gated RMSNorms, frozen batch norms, and
+torch's BatchNorm/GroupNorm/InstanceNorm/LocalResponseNorm. Anything else is
+left alone and reported too, e.g. VitDet's LayerNorm, whose statistics are
+computed in the input's own dtype (the kernels accumulate in float32 and cannot
+round like it). The test ``tests/test_swap_scan.py`` classifies every norm
+class of the installed ``transformers``.
+
+On tensors the kernels do not cover (CPU, other dtypes, wide rows, a weight
+on another device), a swapped module runs its class's own ``forward``: the
+same numbers, bit for bit. The function ``fused`` decides that, in one place.
 """
 
 from __future__ import annotations
@@ -56,193 +78,484 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import inspect
+import re
 import sys
 import textwrap
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from . import ops
 
-__all__ = ["NormKind", "KINDS", "recognise"]
+__all__ = ["Anchor", "NormKind", "Unfused", "KINDS", "UNFUSED", "recognise", "classify"]
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_UNKNOWN = "not a norm normlib knows"
-# torch.nn norms that have no fused kernel: left alone, with this reason
-_NO_KERNEL = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LocalResponseNorm)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A class whose ``forward`` defines a kind, and where that forward finds γ, β and ε.
+
+    ``weight`` and ``bias`` name the attributes holding γ and β (``None``: the
+    forward uses none); ``eps`` names the attribute holding ε, or is the
+    constant the forward adds.
+    """
+
+    module: str
+    name: str
+    weight: Optional[str] = "weight"
+    bias: Optional[str] = None
+    eps: Union[str, float] = "variance_epsilon"
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a swapped module's forward reads: its kind, and the attributes (or constants) for γ, β and ε."""
+
+    kind: str
+    weight: Optional[str]
+    bias: Optional[str]
+    eps: Union[str, float, None]
 
 
 @dataclass(frozen=True)
 class NormKind:
-    """One kind of norm: how to recognise it, and its fused forward."""
+    """One kind of norm: how to recognise it (its anchors), its rounding order, and its fused forward."""
 
     name: str
     rounding: str  # one sentence: where it up-casts and casts back
-    attributes: tuple[str, ...]  # what its forward reads from the module
-    anchors: tuple[tuple[str, str], ...]  # (module, class) whose forward defines the kind
-    torch_classes: tuple[type, ...]  # torch.nn classes (and subclasses keeping their forward)
-    fused: Callable[[nn.Module, Tensor], Optional[Tensor]]  # None where the kernels do not apply
-    # the kind a recognised module gets, from its settings: (kind name, "") or (None, why not)
-    select: Optional[Callable[[nn.Module], tuple[Optional[str], str]]] = None
+    anchors: tuple[Anchor, ...]  # classes whose forward defines the kind
+    # (x, weight, bias, eps, module) -> output; None where this kind's kernels cannot take the call
+    fused: Callable[..., Optional[Tensor]]
+    # a recognised module's binding from its settings: (binding, "") or (None, why not)
+    select: Optional[Callable[[nn.Module, Binding], tuple[Optional[Binding], str]]] = None
 
 
-def _kernels_cover(x: Tensor, weight: Optional[Tensor]) -> bool:
-    """The fused path applies: a tensor the kernels take, and a weight on the same device."""
-    if not isinstance(x, Tensor) or not ops.use_fused(x) or x.dtype not in _KERNEL_DTYPES:
-        return False
-    return weight is None or (weight.device == x.device and weight.dtype in _KERNEL_DTYPES)
+@dataclass(frozen=True)
+class Unfused:
+    """Norms normlib recognises and leaves alone, and the reason the report gives."""
+
+    name: str
+    reason: str
+    anchors: tuple[Anchor, ...] = ()  # classes whose forward defines them
+    torch_classes: tuple[type, ...] = ()  # and every subclass of these, whatever its forward
 
 
-_AUTOCAST_FP32: dict = {}
+# ---- the one routing decision: kernels or the class's own forward ---------------------------------
+
+# Tests set this to run the kernels on CPU tensors through Triton's interpreter (tests/test_swap.py).
+_KERNELS_ON_CPU = False
 
 
-def _autocast_to_fp32(op: str, x: Tensor) -> bool:
-    """Whether autocast (enabled now, on ``x``'s device) runs ``op`` in float32: asked once of torch itself."""
+def fused(b: Binding, module: nn.Module, x) -> Optional[Tensor]:
+    """``module(x)`` through the kernels in ``b.kind``'s rounding order, or ``None``: then its own forward runs.
+
+    This is the one place that decides. The kernels take the call for a CUDA
+    tensor of a dtype they cover, on the ``"triton"`` path of
+    :func:`normlib.ops.path_for` (so not while ``torch.compile`` traces in its
+    default mode, nor under ``torch.jit.trace``), with γ and β tensors of those
+    dtypes on the same device (not offloaded, say, by accelerate). A CPU tensor
+    leaves at the first line: that is the common case on a laptop, and it costs
+    one attribute read.
+    """
+    if not (getattr(x, "is_cuda", False) or _KERNELS_ON_CPU):
+        return None
+    if not isinstance(x, Tensor) or x.dtype not in _KERNEL_DTYPES or torch._C._get_tracing_state() is not None:
+        return None
+    rows = x.movedim(1, -1) if b.kind == "channels_first_layer_norm" and x.dim() == 4 else x  # what the kernels see
+    path = ops.path_for(rows)
+    if path != "triton" and not (_KERNELS_ON_CPU and path == "triton-interpreter"):
+        return None
+    params = []
+    for name in (b.weight, b.bias):
+        t = getattr(module, name) if name is not None else None
+        if t is not None and (not isinstance(t, Tensor) or t.device != x.device or t.dtype not in _KERNEL_DTYPES):
+            return None
+        params.append(t)
+    eps = getattr(module, b.eps) if isinstance(b.eps, str) else b.eps
+    return KINDS[b.kind].fused(x, params[0], params[1], eps, module)
+
+
+# ---- each kind's fused forward (only called where fused() said the kernels apply) -------------------------
+
+
+def _fits(x: Tensor, *params: Optional[Tensor]) -> bool:
+    """γ and β (where given) hold one value per element of the last dimension, as the kernels read them."""
+    return x.dim() > 0 and all(t is None or t.shape == x.shape[-1:] for t in params)
+
+
+_AUTOCAST: dict = {}
+
+
+def _autocast_dtype(op: str, x: Tensor) -> Optional[torch.dtype]:
+    """The dtype autocast (enabled now, on ``x``'s device) casts ``op``'s inputs to, or ``None``: asked of torch once.
+
+    On CUDA ``layer_norm`` runs in float32; on CPU it runs in the autocast
+    dtype (bfloat16): two probes tell the policy without a table.
+    """
     dev = x.device.type
     if not torch.is_autocast_enabled(dev):
-        return False
+        return None
     key = (op, dev, torch.get_autocast_dtype(dev))
-    if key not in _AUTOCAST_FP32:
-        probe = torch.ones(1, 2, device=x.device, dtype=key[2])
-        out = F_layer_norm(probe, (2,)) if op == "layer_norm" else torch.nn.functional.rms_norm(probe, (2,))
-        _AUTOCAST_FP32[key] = out.dtype == torch.float32
-    return _AUTOCAST_FP32[key]
+    if key not in _AUTOCAST:
+        f = F_layer_norm if op == "layer_norm" else torch.nn.functional.rms_norm
+        low = f(torch.ones(1, 2, device=x.device, dtype=key[2]), (2,)).dtype
+        high = f(torch.ones(1, 2, device=x.device, dtype=torch.float32), (2,)).dtype
+        _AUTOCAST[key] = torch.float32 if low == torch.float32 else key[2] if high == key[2] else None
+    return _AUTOCAST[key]
+
+
+def _autocast(op: str, x: Tensor, *params: Optional[Tensor]) -> tuple:
+    """``x`` and γ/β as autocast hands them to ``op``: floating tensors on its device, but float64, cast."""
+    dtype = _autocast_dtype(op, x)
+    if dtype is None:
+        return (x,) + params
+    dev = x.device.type
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.device.type == dev
+                 and t.dtype != torch.float64 else t for t in (x,) + params)
 
 
 F_layer_norm = torch.nn.functional.layer_norm
 
 
-def _layer_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
-    if len(m.normalized_shape) != 1 or not _kernels_cover(x, m.weight):
+def _layer_norm(x, w, b, eps, m):
+    if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
         return None
-    if _autocast_to_fp32("layer_norm", x):
-        x = x.float()
-    return ops._fused(x, None, m.weight, m.bias, m.eps, False)[0]
+    x, w, b = _autocast("layer_norm", x, w, b)
+    return ops._fused(x, None, w, b, eps, False)[0]
 
 
-def _channels_first_layer_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
-    if not isinstance(x, Tensor) or x.dim() != 4:
+def _channels_first_layer_norm(x, w, b, eps, m):
+    if x.dim() != 4:
         return None
-    y = _layer_norm(m, x.permute(0, 2, 3, 1))  # (N, H, W, C)
+    y = _layer_norm(x.permute(0, 2, 3, 1), w, b, eps, m)  # (N, H, W, C)
     return None if y is None else y.permute(0, 3, 1, 2)  # (N, C, H, W), a view as in the original
 
 
-def _rms_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
-    if len(m.normalized_shape) != 1 or not _kernels_cover(x, m.weight):
+def _rms_norm(x, w, b, eps, m):
+    if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w):
         return None
-    if _autocast_to_fp32("rms_norm", x):
-        x = x.float()
-    eps = m.eps if m.eps is not None else torch.finfo(torch.float32).eps
-    return ops._fused(x, None, m.weight, None, eps, True)[0]
+    x, w = _autocast("rms_norm", x, w)
+    eps = eps if eps is not None else torch.finfo(torch.float32).eps
+    return ops._fused(x, None, w, None, eps, True)[0]
 
 
-def _llama_rms_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
-    w = m.weight
-    if not _kernels_cover(x, w):
+def _llama_rms_norm(x, w, b, eps, m):
+    if w is None or not _fits(x, w):
         return None
-    return ops._fused(x, None, w, None, m.variance_epsilon, True, torch.promote_types(w.dtype, x.dtype), False, 1)[0]
+    return ops._fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, x.dtype), False, 1)[0]
 
 
-def _gemma_rms_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
-    if not _kernels_cover(x, m.weight):
+def _gemma_rms_norm(x, w, b, eps, m):
+    if w is None or not _fits(x, w):
         return None
-    return ops._fused(x, None, m.weight, None, m.eps, True, x.dtype, True, 0)[0]
+    return ops._fused(x, None, w, None, eps, True, x.dtype, True, 0)[0]
 
 
-def _t5_layer_norm(m: nn.Module, x: Tensor) -> Optional[Tensor]:
-    w = m.weight
-    if not _kernels_cover(x, w):
+def _t5_layer_norm(x, w, b, eps, m):
+    if w is None or not _fits(x, w):
         return None
     if w.dtype in (torch.float16, torch.bfloat16):
-        return ops._fused(x, None, w, None, m.variance_epsilon, True, w.dtype, False, 2)[0]
-    return ops._fused(x, None, w, None, m.variance_epsilon, True, torch.promote_types(w.dtype, torch.float32), False, 0)[0]
+        return ops._fused(x, None, w, None, eps, True, w.dtype, False, 2)[0]
+    return ops._fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, torch.float32), False, 0)[0]
 
 
-_FAST_NORM = "timm's fast-norm mode is on (its rounding depends on apex and the autocast dtype)"
+def _float32_rms_norm(x, w, b, eps, m):
+    if w is not None and w.dim() == 0:  # Gemma-3n's with_scale=False in transformers 4.x: a scalar γ of 1
+        w = w.expand(x.shape[-1:]).contiguous()
+    if not _fits(x, w):
+        return None
+    return ops._fused(x, None, w, None, eps, True, x.dtype, False, 0)[0]
 
 
-def _select_layer_norm(m: nn.Module) -> tuple[Optional[str], str]:
+def _float32_layer_norm(x, w, b, eps, m):
+    if not _fits(x, w, b) or (w is None and x.shape[-1:] != tuple(m.normalized_shape)):
+        return None
+    return ops._fused(x, None, w, b, eps, False, x.dtype, False, 0)[0]
+
+
+def _layer_norm_1p(x, w, b, eps, m):
+    if w is None or x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
+        return None
+    w = w + 1.0  # in γ's dtype, as its forward computes it
+    if torch.is_autocast_enabled():  # its forward's _cast_if_autocast_enabled, then F.layer_norm with autocast off
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, w, b = (
+            t.to(dtype) if t is not None and t.is_floating_point() and t.device.type == x.device.type
+            and t.dtype != torch.float64 else t
+            for t in (x, w, b)
+        )
+    return ops._fused(x, None, w, b, eps, False)[0]
+
+
+def _deberta_layer_norm(x, w, b, eps, m):
+    if w is None or b is None or not _fits(x, w, b):
+        return None
+    out = torch.promote_types(torch.promote_types(w.dtype, x.dtype), b.dtype)
+    return ops._fused(x, None, w, b, eps, False, out, False, 1)[0]
+
+
+# ---- what a recognised module's settings allow ----------------------------------------------------
+
+_FAST_NORM = "timm's fast-norm mode is on (its rounding depends on apex and the autocast dtype); it runs unchanged"
+
+
+def _over_one_dim(m: nn.Module) -> str:
+    n = len(m.normalized_shape)
+    if n == 1:
+        return ""
+    return f"it normalizes over its last {n} dimensions and the kernels over one; it runs unchanged"
+
+
+def _select_layer_norm(m, b):
     if getattr(m, "_fast_norm", False):
         return None, _FAST_NORM
-    return "layer_norm", ""
+    why = _over_one_dim(m)
+    return (None, why) if why else (b, "")
 
 
-def _select_channels_first(m: nn.Module) -> tuple[Optional[str], str]:
+def _select_channels_first(m, b):
     if getattr(m, "_fast_norm", False):
         return None, _FAST_NORM
     fmt = getattr(m, "data_format", "channels_first")
     if fmt == "channels_last":  # ConvNextLayerNorm: then it is a plain LayerNorm
-        return "layer_norm", ""
+        return _select_layer_norm(m, Binding("layer_norm", b.weight, b.bias, b.eps))
     if fmt != "channels_first":
-        return None, f"data_format={fmt!r}"
-    return "channels_first_layer_norm", ""
+        return None, f"data_format={fmt!r}, neither channels_first nor channels_last; it runs unchanged"
+    why = _over_one_dim(m)
+    return (None, why) if why else (b, "")
 
+
+def _select_one_dim(m, b):
+    why = _over_one_dim(m)
+    return (None, why) if why else (b, "")
+
+
+def _select_float32_rms_norm(m, b):
+    # Gemma-3n's RMSNorm(with_scale=False) has no γ: its forward reads `with_scale` first
+    if "with_scale" in _reads(type(m)) and not getattr(m, "with_scale", True):
+        return Binding(b.kind, None, None, b.eps), ""
+    return b, ""
+
+
+def _select_float32_layer_norm(m, b):
+    w = getattr(m, b.weight, None) if b.weight is not None else None
+    if isinstance(w, Tensor) and w.dim() != 1:
+        return None, (f"γ has shape {tuple(w.shape)} (one γ per head, as in a q/k norm) and the kernels take one "
+                      "γ per column; it runs unchanged")
+    return b, ""
+
+
+_LAYER_NORM = Anchor("torch.nn.modules.normalization", "LayerNorm", "weight", "bias", "eps")
+_GATED = "gated RMSNorm"
 
 KINDS: dict[str, NormKind] = {
     k.name: k
     for k in (
         NormKind(
             "layer_norm",
-            "statistics and x̂·γ + β in float32, cast to the input's dtype at the end (float32 under autocast)",
-            ("normalized_shape", "weight", "bias", "eps"),
-            (("timm.layers.norm", "LayerNorm"),),
-            (nn.LayerNorm,),
+            "statistics and x̂·γ + β in float32, cast to the input's dtype at the end (autocast's dtype under autocast)",
+            (_LAYER_NORM, Anchor("timm.layers.norm", "LayerNorm", "weight", "bias", "eps")),
             _layer_norm,
             _select_layer_norm,
         ),
         NormKind(
             "channels_first_layer_norm",
             "channels moved last, then layer_norm's order (float32, one cast at the end), moved back as a view",
-            ("normalized_shape", "weight", "bias", "eps"),
             (
-                ("transformers.models.convnext.modeling_convnext", "ConvNextLayerNorm"),
-                ("timm.layers.norm", "LayerNorm2d"),
-                ("transformers.models.eomt.modeling_eomt", "EomtLayerNorm2d"),
+                Anchor("transformers.models.convnext.modeling_convnext", "ConvNextLayerNorm", "weight", "bias", "eps"),
+                Anchor("timm.layers.norm", "LayerNorm2d", "weight", "bias", "eps"),
+                Anchor("transformers.models.eomt.modeling_eomt", "EomtLayerNorm2d", "weight", "bias", "eps"),
             ),
-            (),
             _channels_first_layer_norm,
             _select_channels_first,
         ),
         NormKind(
             "rms_norm",
             "statistics and x̂·γ in float32, cast to the input's dtype at the end",
-            ("normalized_shape", "weight", "eps"),
-            (),
-            (nn.RMSNorm,),
+            (Anchor("torch.nn.modules.normalization", "RMSNorm", "weight", None, "eps"),),
             _rms_norm,
+            _select_one_dim,
         ),
         NormKind(
             "llama_rms_norm",
             "x̂ in float32, cast to the input's dtype, then multiplied by γ (output: promoted dtype of γ and x)",
-            ("weight", "variance_epsilon"),
-            (("transformers.models.llama.modeling_llama", "LlamaRMSNorm"),),
-            (),
+            (
+                Anchor("transformers.models.llama.modeling_llama", "LlamaRMSNorm"),
+                Anchor("transformers.models.llama4.modeling_llama4", "Llama4TextRMSNorm", eps="eps"),
+                Anchor("transformers.models.cpmant.modeling_cpmant", "CpmAntLayerNorm", eps="eps"),
+            ),
             _llama_rms_norm,
         ),
         NormKind(
             "gemma_rms_norm",
             "x̂·(1 + γ) all in float32, cast to the input's dtype at the end",
-            ("weight", "eps"),
-            (("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm"),),
-            (),
+            (Anchor("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm", eps="eps"),),
             _gemma_rms_norm,
         ),
         NormKind(
             "t5_layer_norm",
             "RMS statistics in float32; x̂ cast to γ's dtype if γ is half precision, then multiplied by γ",
-            ("weight", "variance_epsilon"),
-            (("transformers.models.t5.modeling_t5", "T5LayerNorm"),),
-            (),
+            (Anchor("transformers.models.t5.modeling_t5", "T5LayerNorm"),),
             _t5_layer_norm,
+        ),
+        NormKind(
+            "float32_rms_norm",
+            "x̂·γ in float32 (γ up-cast; no γ for the unweighted ones), one cast to the input's dtype at the end",
+            (
+                Anchor("transformers.models.olmo2.modeling_olmo2", "Olmo2RMSNorm"),
+                Anchor("transformers.models.helium.modeling_helium", "HeliumRMSNorm"),
+                Anchor("transformers.models.moshi.modeling_moshi", "MoshiRMSNorm", eps="eps"),
+                Anchor("transformers.models.gemma3n.modeling_gemma3n", "Gemma3nRMSNorm", eps="eps"),
+                Anchor("transformers.models.llama4.modeling_llama4", "Llama4TextL2Norm", weight=None, eps="eps"),
+            ),
+            _float32_rms_norm,
+            _select_float32_rms_norm,
+        ),
+        NormKind(
+            "float32_layer_norm",
+            "statistics and x̂·γ in float32 (γ up-cast), one cast to the input's dtype at the end",
+            (
+                Anchor("transformers.models.cohere.modeling_cohere", "CohereLayerNorm"),
+                Anchor("transformers.models.olmo.modeling_olmo", "OlmoLayerNorm", weight=None, eps=1e-5),
+            ),
+            _float32_layer_norm,
+            _select_float32_layer_norm,
+        ),
+        NormKind(
+            "layer_norm_1p",
+            "1 + γ rounded to γ's dtype, then layer_norm's order (all in the autocast dtype under autocast)",
+            (Anchor("transformers.models.nemotron.modeling_nemotron", "NemotronLayerNorm1P", "weight", "bias", "eps"),),
+            _layer_norm_1p,
+            _select_one_dim,
+        ),
+        NormKind(
+            "deberta_layer_norm",
+            "x̂ in float32, cast to the input's dtype, then γ·x̂ + β (output: promoted dtype of γ, x and β)",
+            (Anchor("transformers.models.deberta.modeling_deberta", "DebertaLayerNorm", "weight", "bias"),),
+            _deberta_layer_norm,
+        ),
+    )
+}
+
+UNFUSED: dict[str, Unfused] = {
+    u.name: u
+    for u in (
+        Unfused(
+            "gated_rms_norm",
+            f"{_GATED} (it normalizes x·act(z), or multiplies the norm by act(z), for a second input z); normlib's "
+            "kernels take no gate, so it runs unchanged",
+            tuple(
+                Anchor(f"transformers.models.{mod}.modeling_{mod}", name)
+                for mod, name in (
+                    ("mamba2", "MambaRMSNormGated"),
+                    ("zamba2", "Zamba2RMSNormGated"),
+                    ("bamba", "BambaRMSNormGated"),
+                    ("qwen3_next", "Qwen3NextRMSNormGated"),
+                    ("kimi_linear", "KimiLinearRMSNormGated"),
+                    ("falcon_h1", "FalconH1RMSNormGated"),
+                )
+            ),
+        ),
+        Unfused(
+            "frozen_batch_norm",
+            "a batch norm with frozen statistics, i.e. a per-channel affine map; normlib has no kernel for it, "
+            "so it runs unchanged",
+            (Anchor("transformers.models.detr.modeling_detr", "DetrFrozenBatchNorm2d"),),
+        ),
+        Unfused(
+            "torch_norm_without_kernel",
+            "normlib has no fused kernel for BatchNorm, GroupNorm, InstanceNorm or LocalResponseNorm, so it runs "
+            "unchanged",
+            torch_classes=(nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LocalResponseNorm),
         ),
     )
 }
 
 
-# ---- what a method computes: its code, the globals it reads, the methods it calls --------------
+# ---- what a method computes: its normalised code, the globals it reads, the methods it calls -------
+
+
+def _locals(fn_tree: ast.AST) -> set:
+    """Names local to a function: its arguments and every name it binds (not those declared global)."""
+    names, outer = set(), set()
+    for node in ast.walk(fn_tree):
+        if isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            outer.update(node.names)
+    return names - outer
+
+
+class _Normalise(ast.NodeTransformer):
+    """Drops annotations, decorators and docstrings (any bare string statement), and renames locals in order."""
+
+    def __init__(self, local_names: set):
+        self.local_names, self.renamed = local_names, {}
+
+    def _rename(self, name: str) -> str:
+        if name not in self.local_names:
+            return name
+        return self.renamed.setdefault(name, f"_v{len(self.renamed)}")
+
+    def visit_FunctionDef(self, node):
+        node.decorator_list, node.returns, node.type_comment = [], None, None
+        node.name = "f"
+        self.generic_visit(node)
+        node.body = node.body or [ast.Pass()]
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_arg(self, node):
+        node.annotation, node.type_comment = None, None
+        node.arg = self._rename(node.arg)
+        return node
+
+    def visit_Name(self, node):
+        node.id = self._rename(node.id)
+        return node
+
+    def visit_AnnAssign(self, node):
+        if node.value is None:  # a bare annotation computes nothing
+            return None
+        return self.visit(ast.Assign(targets=[node.target], value=node.value, lineno=0))
+
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return None  # a docstring, or any string statement: no effect
+        return self.generic_visit(node)
+
+
+def _parse(src: str) -> Optional[ast.AST]:
+    try:
+        tree = ast.parse(textwrap.dedent(src)).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    return tree if isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
+def _normalised(tree: ast.AST) -> tuple[ast.AST, set, Optional[str]]:
+    """``(normalised tree, its global names, the renamed name of its first argument)``."""
+    local_names = _locals(tree)
+    globals_ = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - local_names
+    first = tree.args.args[0].arg if tree.args.args else None
+    norm = _Normalise(local_names)
+    tree = norm.visit(tree)
+    return tree, globals_, norm.renamed.get(first) if first is not None else None
+
+
+def _dump(tree: ast.AST) -> str:
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
 
 
 def _owner(cls: type, name: str, after: Optional[type] = None) -> Optional[type]:
@@ -253,27 +566,20 @@ def _owner(cls: type, name: str, after: Optional[type] = None) -> Optional[type]
     return next((c for c in mro if name in c.__dict__), None)
 
 
-def _tree(fn) -> Optional[ast.AST]:
-    """The syntax tree of a function without its decorators and docstring; ``None`` without source."""
-    try:
-        src = textwrap.dedent(inspect.getsource(fn))
-        tree = ast.parse(src).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    if not isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    tree.decorator_list = []
-    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(getattr(tree.body[0], "value", None), ast.Constant):
-        tree.body = tree.body[1:] or [ast.Pass()]
-    return tree
-
-
-def _is_self_call(node: ast.AST, self_name: str) -> Optional[str]:
+def _is_self_call(node: ast.AST, self_name: Optional[str]) -> Optional[str]:
     """``name`` for a call ``self.name(...)``."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+    if self_name is not None and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         v = node.func.value
         if isinstance(v, ast.Name) and v.id == self_name:
             return node.func.attr
+    return None
+
+
+def _self_attribute(node: ast.AST, self_name: Optional[str]) -> Optional[str]:
+    """``name`` for a read of ``self.name``."""
+    if self_name is not None and isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+        if isinstance(node.value, ast.Name) and node.value.id == self_name:
+            return node.attr
     return None
 
 
@@ -286,17 +592,23 @@ def _is_super_attr(node: ast.AST) -> Optional[str]:
     return None
 
 
+def _is_method(cls: type, name: str) -> bool:
+    attr = inspect.getattr_static(cls, name, None)
+    return inspect.isfunction(attr) or isinstance(attr, (staticmethod, classmethod))
+
+
 _MISSING = object()
-_SIGS: dict = {}
+_SIGS: dict = {}  # (cls, method name) -> signature, or None where it cannot be told
+_READS: dict = {}  # (cls, method name) -> the attributes of self it reads (through the methods it calls, too)
 
 
 def _signature(cls: type, name: str, depth: int = 0):
     """A value equal for two classes exactly when their method ``name`` computes the same thing.
 
-    Built from the method's syntax tree, the identity of every global it reads,
-    the signatures of the methods it calls on ``self`` and the identity of
-    what its ``super().…`` calls resolve to. ``None`` when it cannot be told
-    (no source, a closure, too deep).
+    Built from the method's normalised syntax tree, the identity of every global
+    it reads, the signatures of the methods it calls on ``self`` and the
+    identity of what its ``super().…`` calls resolve to. ``None`` when it cannot
+    be told (no source, too deep).
     """
     key = (cls, name)
     if key in _SIGS:
@@ -304,66 +616,117 @@ def _signature(cls: type, name: str, depth: int = 0):
     _SIGS[key] = None  # guards against recursion
     owner = _owner(cls, name)
     fn = owner.__dict__.get(name) if owner is not None else None
+    if isinstance(fn, (staticmethod, classmethod)):
+        fn = fn.__func__
     if not inspect.isfunction(fn) or depth > 3:
         return None
     if set(fn.__code__.co_freevars) - {"__class__"}:  # a closure: only the very same function is the same
-        _SIGS[key] = ("function", id(fn))
+        _SIGS[key], _READS[key] = ("function", id(fn)), set()
         return _SIGS[key]
-    tree = _tree(fn)
+    try:
+        tree = _parse(inspect.getsource(fn))
+    except (OSError, TypeError):
+        tree = None
     if tree is None:
         return None
-    self_name = tree.args.args[0].arg if tree.args.args else None
-    local = set(fn.__code__.co_varnames)
-    globals_, calls, supers = {}, {}, {}
+    tree, global_names, self_name = _normalised(tree)
+    globals_ = {n: id(fn.__globals__.get(n, getattr(builtins, n, _MISSING))) for n in global_names}
+    calls, supers, reads = {}, {}, set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
-            obj = fn.__globals__.get(node.id, getattr(builtins, node.id, _MISSING))
-            globals_[node.id] = id(obj)
         called = _is_self_call(node, self_name)
-        if called is not None and called not in calls:
-            if isinstance(inspect.getattr_static(cls, called, None), (staticmethod, classmethod)) or inspect.isfunction(
-                inspect.getattr_static(cls, called, None)
-            ):
-                sig = _signature(cls, called, depth + 1)
-                if sig is None:
-                    return None
-                calls[called] = sig
+        if called is not None and called not in calls and _is_method(cls, called):
+            sig = _signature(cls, called, depth + 1)
+            if sig is None:
+                return None
+            calls[called] = sig
+            reads |= _READS.get((cls, called), set())
+        attr = _self_attribute(node, self_name)
+        if attr is not None and not _is_method(cls, attr):
+            reads.add(attr)
         via_super = _is_super_attr(node)
         if via_super is not None:
             parent = _owner(cls, via_super, after=owner)
             supers[via_super] = id(parent.__dict__[via_super]) if parent is not None else None
-    sig = (
-        ast.dump(tree, annotate_fields=False, include_attributes=False),
-        tuple(sorted(globals_.items())),
-        tuple(sorted(calls.items())),
-        tuple(sorted(supers.items())),
-    )
-    _SIGS[key] = sig
+    sig = (_dump(tree), tuple(sorted(globals_.items())), tuple(sorted(calls.items())), tuple(sorted(supers.items())))
+    _SIGS[key], _READS[key] = sig, reads
     return sig
 
 
-def _anchor_module(mod: str):
-    """The anchor's module, if its library is in use already (normlib never imports transformers or timm).
+def _reads(cls: type) -> set:
+    """The attributes of ``self`` that ``cls``'s forward reads (empty where its computation cannot be told)."""
+    _signature(cls, "forward")
+    return _READS.get((cls, "forward"), set())
+
+
+def _forward_dump(cls: type) -> Optional[str]:
+    """The normalised syntax tree of ``cls``'s forward alone (cheap: no globals, no methods)."""
+    sig = _signature(cls, "forward")
+    return sig[0] if isinstance(sig, tuple) and sig and sig[0] != "function" else None
+
+
+# ---- anchors: found in their files first, imported only when a class has their syntax tree ----------
+
+_STATIC: dict = {}  # (module, class) -> the normalised dump of its forward read from the file, or None
+
+
+def _library_loaded(mod: str) -> bool:
+    return mod in sys.modules or mod.partition(".")[0] in sys.modules
+
+
+def _static_dump(anchor: Anchor) -> Optional[str]:
+    """The anchor's forward, parsed from its source file without importing it; ``None`` if not found there."""
+    key = (anchor.module, anchor.name)
+    if key in _STATIC:
+        return _STATIC[key]
+    _STATIC[key] = None
+    try:
+        spec = importlib.util.find_spec(anchor.module)
+        with open(spec.origin, encoding="utf-8") as f:
+            text = f.read()
+    except (ImportError, ValueError, AttributeError, TypeError, OSError):
+        return None
+    found = re.search(rf"^class {re.escape(anchor.name)}\b.*?:[ \t]*$", text, re.M)
+    if found is None:
+        return None
+    rest = text[found.end():]
+    end = re.search(r"^\S", rest, re.M)  # the next statement at the top level ends the class
+    body = rest[: end.start()] if end else rest
+    fwd = re.search(r"^([ \t]+)def forward\(", body, re.M)
+    if fwd is None:  # inherited: only importing tells
+        return None
+    lines, out = body[fwd.start():].splitlines(), []
+    indent = len(fwd.group(1))
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if i and stripped and not stripped.startswith("#") and len(line) - len(line.lstrip()) <= indent:
+            break
+        out.append(line)
+    tree = _parse("\n".join(out))
+    if tree is not None:
+        _STATIC[key] = _dump(_normalised(tree)[0])
+    return _STATIC[key]
+
+
+def _anchor_class(anchor: Anchor, dump: Optional[str]) -> Optional[type]:
+    """The anchor class, if its library is in use already and its forward could equal one whose tree is ``dump``.
 
     A model of one family (say Qwen2) imports its own modeling file only, so
-    the anchor's file (Llama's) is imported here, once its library is.
+    the anchor's file (Llama's) is imported here, once its library is and once
+    a class with the anchor's syntax tree turns up.
     """
-    if mod in sys.modules:
-        return sys.modules[mod]
-    if mod.partition(".")[0] not in sys.modules:
+    if anchor.module in sys.modules:
+        return getattr(sys.modules[anchor.module], anchor.name, None)
+    if not _library_loaded(anchor.module):
+        return None
+    static = _static_dump(anchor)
+    if static is not None and static != dump:
         return None
     try:
-        return importlib.import_module(mod)
+        module = importlib.import_module(anchor.module)
     except Exception:  # another version of the library, without that file
         return None
-
-
-def _anchor_classes(kind: NormKind):
-    for mod, name in kind.anchors:
-        module = _anchor_module(mod)
-        cls = getattr(module, name, None) if module is not None else None
-        if isinstance(cls, type):
-            yield cls
+    cls = getattr(module, anchor.name, None)
+    return cls if isinstance(cls, type) else None
 
 
 def _same_computation(cls: type, anchor: type) -> bool:
@@ -373,36 +736,102 @@ def _same_computation(cls: type, anchor: type) -> bool:
     return sig is not None and sig == _signature(anchor, "forward")
 
 
+_TORCH_FUSED = (nn.LayerNorm, nn.RMSNorm)
+_TORCH_NORMS = _TORCH_FUSED + UNFUSED["torch_norm_without_kernel"].torch_classes
+_UNKNOWN = ("its forward computes none of the norms normlib fuses (normlib.interop.KINDS); it runs unchanged "
+            "(if it is a standard norm, please report it)")
+_CLASSES: dict = {}  # (class, which anchor libraries were loaded) -> (kind or Unfused or None, anchor or None, why)
+
+
+def _libraries() -> tuple:
+    """Which anchors' libraries are imported: a class's match can only change when these do."""
+    return tuple(_library_loaded(a.module) for table in (KINDS, UNFUSED) for e in table.values() for a in e.anchors)
+
+
+def _match(cls: type) -> tuple:
+    """``(NormKind or Unfused or None, anchor, why)`` for a class, from its forward alone."""
+    key = (cls, _libraries())
+    if key in _CLASSES:
+        return _CLASSES[key]
+    if cls.__module__.startswith("normlib."):
+        out = (None, None, "already a normlib module")
+    elif cls.__module__.startswith("torch.") and not issubclass(cls, _TORCH_NORMS):
+        out = (None, None, _UNKNOWN)  # torch's own Linear, Dropout, ...: known not to be norms
+    else:
+        out = _match_forward(cls)
+    _CLASSES[key] = out
+    return out
+
+
+def _match_forward(cls: type) -> tuple:
+    dump = _forward_dump(cls)
+    for table in (KINDS, UNFUSED):
+        for entry in table.values():
+            for anchor in entry.anchors:
+                anchor_cls = _anchor_class(anchor, dump)
+                if isinstance(anchor_cls, type) and _same_computation(cls, anchor_cls):
+                    return entry, anchor, entry.reason if isinstance(entry, Unfused) else _anchor_why(cls, anchor_cls)
+    for entry in UNFUSED.values():
+        if entry.torch_classes and issubclass(cls, entry.torch_classes):
+            return entry, None, entry.reason
+    for tc in _TORCH_FUSED:
+        if issubclass(cls, tc):
+            return None, None, (f"subclass of torch.nn.{tc.__name__} with a forward of its own, which normlib does "
+                                "not know; it runs unchanged")
+    return None, None, _UNKNOWN
+
+
+def _anchor_why(cls: type, anchor_cls: type) -> str:
+    name = f"{anchor_cls.__module__}.{anchor_cls.__qualname__}"
+    if anchor_cls.__module__.startswith("torch.") and issubclass(cls, anchor_cls):
+        return name + ("" if cls is anchor_cls else " subclass")
+    return f"forward identical to {name}"
+
+
+def classify(cls: type) -> tuple[Optional[str], str]:
+    """``(kind, why)`` for a norm class from its forward alone: a name of ``KINDS``, or ``None`` and the reason.
+
+    Instances may still be left alone by their settings (``recognise`` looks
+    at those): a ConvNeXt LayerNorm is ``channels_first_layer_norm`` here and
+    ``layer_norm`` with ``data_format="channels_last"``. Norms deliberately
+    left alone (``UNFUSED``) give their reason.
+
+    Example:
+        >>> classify(torch.nn.LayerNorm)
+        ('layer_norm', 'torch.nn.modules.normalization.LayerNorm')
+    """
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"cls must be a torch.nn.Module subclass (got {cls!r})")
+    entry, _, why = _match(cls)
+    return (entry.name, why) if isinstance(entry, NormKind) else (None, why)
+
+
+def _bind(module: nn.Module) -> tuple[Optional[Binding], str]:
+    """``(binding, why)`` for a module: what a swapped forward reads, or ``None`` and why it is left alone."""
+    cls = type(module)
+    entry, anchor, why = _match(cls)
+    if not isinstance(entry, NormKind):
+        return None, why
+    missing = {a for a in _reads(cls) if not hasattr(module, a)}
+    b = Binding(entry.name, anchor.weight, anchor.bias, anchor.eps)
+    if entry.select is not None and not missing - {anchor.weight}:
+        b, why_not = entry.select(module, b)
+        if b is None:
+            return None, why_not
+    missing -= {t for t in (anchor.weight, anchor.bias) if t is not None and t not in (b.weight, b.bias)}
+    if missing:  # a γ the settings switch off (Gemma-3n's with_scale=False) need not exist
+        return None, f"{why}, but it has no attribute {', '.join(sorted(missing))}; it runs unchanged"
+    return b, why
+
+
 def recognise(module: nn.Module) -> tuple[Optional[NormKind], str]:
-    """``(kind, why)`` for a module; ``kind`` is ``None`` when normlib does not know what it computes.
+    """``(kind, why)`` for a module; ``kind`` is ``None`` when normlib leaves it alone, and ``why`` says why.
 
     Example:
         >>> recognise(torch.nn.LayerNorm(4))[0].name
         'layer_norm'
     """
-    cls = type(module)
-    if cls.__module__.startswith("normlib."):
-        return None, "already a normlib module"
-    overridden = None
-    for kind in KINDS.values():
-        for tc in kind.torch_classes:
-            if isinstance(module, tc):
-                if cls.forward is tc.forward:
-                    return kind, f"{tc.__module__}.{tc.__qualname__}" + ("" if cls is tc else " subclass")
-                overridden = tc
-    for kind in KINDS.values():
-        for anchor in _anchor_classes(kind):
-            if not _same_computation(cls, anchor):
-                continue
-            missing = [a for a in kind.attributes if not hasattr(module, a)]
-            if missing:
-                return None, f"forward of {anchor.__qualname__}, but no attribute {', '.join(missing)}"
-            name, why_not = kind.select(module) if kind.select is not None else (kind.name, "")
-            if name is None:
-                return None, why_not
-            return KINDS[name], f"forward identical to {anchor.__module__}.{anchor.__qualname__}"
-    if overridden is not None:
-        return None, f"subclass of {overridden.__qualname__} with its own forward"
-    if isinstance(module, _NO_KERNEL):
-        return None, "normlib has no fused kernel for this norm (it runs unchanged)"
-    return None, _UNKNOWN
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module (got {type(module).__name__})")
+    b, why = _bind(module)
+    return (KINDS[b.kind] if b is not None else None), why

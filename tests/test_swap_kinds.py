@@ -1,0 +1,218 @@
+"""Each kind's rounding order, against the original class's own forward.
+
+For every kind of ``normlib.interop.KINDS`` and the classes that define it
+(``torch.nn`` and transformers, built directly, random γ/β):
+
+* on the CPU reference path (a swapped module runs its class's forward where the
+  kernels do not apply) outputs and gradients are bitwise equal to the
+  original's, in float32, bfloat16, float16 where the class computes in it, and
+  with float32 γ on bfloat16 input (where the rounding orders differ most);
+* through the kernels (Triton's interpreter on CPU, standing in for CUDA) the
+  output is no further from a float64 evaluation of the original than twice the
+  original's own error, and the float32 gradients too.
+
+Shapes are tiny (the interpreter runs one program at a time).
+"""
+
+import copy
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+import normlib as nl
+from normlib import interop, ops
+
+from _helpers import assert_no_worse
+
+transformers = pytest.importorskip("transformers")
+
+N = 24  # features: not a power of two
+
+
+def _tf(module: str, name: str):
+    mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    return getattr(mod, name)
+
+
+def _cpmant(n):
+    norm = _tf("cpmant", "CpmAntLayerNorm")(transformers.CpmAntConfig(hidden_size=n, eps=1e-6))
+    nn.init.ones_(norm.weight)  # torch.empty until the model's _init_weights runs
+    return norm
+
+
+# (id, kind, constructor of the norm for N features, input rank)
+CASES = [
+    ("nn.LayerNorm", "layer_norm", lambda n: nn.LayerNorm(n), 3),
+    ("nn.LayerNorm-no-bias", "layer_norm", lambda n: nn.LayerNorm(n, bias=False), 3),
+    ("ConvNextLayerNorm-last", "layer_norm",
+     lambda n: _tf("convnext", "ConvNextLayerNorm")(n, data_format="channels_last"), 3),
+    ("ConvNextLayerNorm-first", "channels_first_layer_norm",
+     lambda n: _tf("convnext", "ConvNextLayerNorm")(n, data_format="channels_first"), 4),
+    ("EomtLayerNorm2d", "channels_first_layer_norm", lambda n: _tf("eomt", "EomtLayerNorm2d")(n), 4),
+    ("nn.RMSNorm", "rms_norm", lambda n: nn.RMSNorm(n, eps=1e-6), 3),
+    ("nn.RMSNorm-eps-None", "rms_norm", lambda n: nn.RMSNorm(n), 3),
+    ("LlamaRMSNorm", "llama_rms_norm", lambda n: _tf("llama", "LlamaRMSNorm")(n), 3),
+    ("MambaRMSNorm", "llama_rms_norm", lambda n: _tf("mamba", "MambaRMSNorm")(n), 3),
+    ("Llama4TextRMSNorm", "llama_rms_norm", lambda n: _tf("llama4", "Llama4TextRMSNorm")(n), 3),
+    ("CpmAntLayerNorm", "llama_rms_norm", _cpmant, 3),
+    ("GemmaRMSNorm", "gemma_rms_norm", lambda n: _tf("gemma", "GemmaRMSNorm")(n), 3),
+    ("T5LayerNorm", "t5_layer_norm", lambda n: _tf("t5", "T5LayerNorm")(n), 3),
+    ("Olmo2RMSNorm", "float32_rms_norm", lambda n: _tf("olmo2", "Olmo2RMSNorm")(n), 3),
+    ("GptOssRMSNorm", "float32_rms_norm", lambda n: _tf("gpt_oss", "GptOssRMSNorm")(n), 3),
+    ("HeliumRMSNorm", "float32_rms_norm", lambda n: _tf("helium", "HeliumRMSNorm")(n), 3),
+    ("MoshiRMSNorm", "float32_rms_norm", lambda n: _tf("moshi", "MoshiRMSNorm")(n), 3),
+    ("Gemma3nRMSNorm", "float32_rms_norm", lambda n: _tf("gemma3n", "Gemma3nRMSNorm")(n), 3),
+    ("Gemma3nRMSNorm-no-scale", "float32_rms_norm",
+     lambda n: _tf("gemma3n", "Gemma3nRMSNorm")(n, with_scale=False), 3),
+    ("Llama4TextL2Norm", "float32_rms_norm", lambda n: _tf("llama4", "Llama4TextL2Norm")(), 3),
+    ("CohereLayerNorm", "float32_layer_norm", lambda n: _tf("cohere", "CohereLayerNorm")(n), 3),
+    ("OlmoLayerNorm", "float32_layer_norm", lambda n: _tf("olmo", "OlmoLayerNorm")(n), 3),
+    ("NemotronLayerNorm1P", "layer_norm_1p", lambda n: _tf("nemotron", "NemotronLayerNorm1P")(n), 3),
+    ("DebertaLayerNorm", "deberta_layer_norm", lambda n: _tf("deberta", "DebertaLayerNorm")(n), 3),
+]
+IDS = [c[0] for c in CASES]
+# (input dtype, γ/β dtype)
+DTYPES = {
+    "float32": (torch.float32, torch.float32),
+    "bfloat16": (torch.bfloat16, torch.bfloat16),
+    "float16": (torch.float16, torch.float16),
+    "bfloat16-input-float32-weights": (torch.bfloat16, torch.float32),
+}
+
+
+def _norm(make, param_dtype, seed=0):
+    torch.manual_seed(seed)
+    m = make(N)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # γ away from 1 (Gemma's from 0), β away from 0
+    return m.to(param_dtype)
+
+
+def _input(rank, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    shape = (3, 5, N) if rank == 3 else (2, N, 3, 2)  # (B, T, C) or (N, C, H, W)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 1).to(dtype)
+
+
+def _pair(make, param_dtype):
+    original = _norm(make, param_dtype)
+    swapped = copy.deepcopy(original)
+    report = nl.swap_norms(swapped, warn=False)
+    return original, swapped, report
+
+
+def test_every_kind_is_tested():
+    assert {c[1] for c in CASES} == set(interop.KINDS)
+
+
+@pytest.mark.parametrize("dtypes", list(DTYPES), ids=str)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_reference_path_is_bitwise_the_original(case, dtypes):
+    """On CPU the swapped module runs the class's forward: output, dtype and gradients bit for bit."""
+    name, kind, make, rank = case
+    x_dtype, p_dtype = DTYPES[dtypes]
+    original, swapped, report = _pair(make, p_dtype)
+    assert swapped._normlib_kind == kind and report.count == 1, str(report)
+    x = _input(rank, x_dtype)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    try:
+        ya = original(xa)
+    except RuntimeError as e:  # e.g. an op without a float16 CPU kernel: nothing to compare
+        if x_dtype == torch.float16:
+            pytest.skip(f"{name} does not run in float16 on CPU: {e}")
+        raise
+    yb = swapped(xb)
+    assert yb.dtype == ya.dtype and yb.shape == ya.shape and yb.stride() == ya.stride()
+    assert torch.equal(ya, yb)
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(2)).to(ya.dtype)
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.equal(xa.grad, xb.grad)
+    for (n, p), q in zip(original.named_parameters(), swapped.parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
+def _through_the_kernels(monkeypatch):
+    if not ops.HAS_TRITON:
+        pytest.skip("needs Triton (its interpreter runs the kernels on CPU)")
+    if ops.path_for(torch.randn(2, 8)) != "triton-interpreter":
+        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set")
+    monkeypatch.setattr(interop, "_KERNELS_ON_CPU", True)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtypes", ["float32", "bfloat16", "bfloat16-input-float32-weights"], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_fused_path_agrees_to_rounding(case, dtypes, monkeypatch):
+    """Through the kernels: as close to float64 as the original is (and the same dtype and layout)."""
+    name, kind, make, rank = case
+    x_dtype, p_dtype = DTYPES[dtypes]
+    original, swapped, _ = _pair(make, p_dtype)
+    exact = copy.deepcopy(original).double()
+    _through_the_kernels(monkeypatch)
+    x = _input(rank, x_dtype)
+    assert interop.fused(type(swapped)._normlib_binding, swapped, x) is not None  # the kernels do take it
+    xa, xb, xr = (x.clone().requires_grad_() for _ in range(3))
+    ya, yb = original(xa), swapped(xb)
+    yr = exact(xr.double())
+    assert yb.dtype == ya.dtype and yb.shape == ya.shape and yb.stride() == ya.stride()
+    assert_no_worse(yb.detach(), ya.detach(), yr.detach(), x_dtype, "output")
+    if x_dtype != torch.float32:  # the interpreter truncates bfloat16 stores (see test_swap.py)
+        return
+    g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    ya.backward(g.to(ya.dtype))
+    yb.backward(g.to(yb.dtype))
+    yr.backward(g)
+    assert_no_worse(xb.grad, xa.grad, xr.grad, x_dtype, "grad of x")
+    for (n, p), q, r in zip(swapped.named_parameters(), original.parameters(), exact.parameters()):
+        assert_no_worse(p.grad, q.grad, r.grad, x_dtype, f"grad of {n}")
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("nn.LayerNorm", "nn.RMSNorm", "ConvNextLayerNorm-first")],
+                         ids=lambda c: c[0])
+def test_torch_norms_under_autocast_take_autocasts_dtype(case, monkeypatch):
+    """Under autocast torch casts LayerNorm's/RMSNorm's inputs (γ and β too) first: the swapped module does the same.
+
+    On CPU autocast runs layer_norm in bfloat16 (on CUDA in float32): with float32 γ the original computes with γ
+    rounded to bfloat16, and so must the kernels.
+    """
+    name, kind, make, rank = case
+    original, swapped, _ = _pair(make, torch.float32)
+    exact = copy.deepcopy(original).double()
+    _through_the_kernels(monkeypatch)
+    x = _input(rank, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ya, yb = original(x), swapped(x)
+        dtype = interop._autocast_dtype("layer_norm" if kind != "rms_norm" else "rms_norm", x)
+    assert yb.dtype == ya.dtype
+    rounded = copy.deepcopy(exact)
+    if dtype is not None:  # what autocast hands the op: inputs and γ/β rounded to its dtype
+        for p in rounded.parameters():
+            p.data = p.data.to(dtype).double()
+    assert_no_worse(yb.detach(), ya.detach(), rounded(x.to(dtype or x.dtype).double()).detach(), ya.dtype, "output")
+
+
+def test_settings_that_the_kernels_cannot_take_are_left_alone_with_the_reason():
+    cohere = _tf("cohere", "CohereLayerNorm")
+    qk = cohere((4, N))  # Cohere's q/k norm: one γ row per head
+    report = nl.swap_norms(nn.Sequential(qk, nn.LayerNorm((4, N)), cohere(N)), warn=False)
+    assert report.count == 1
+    reasons = {name.rsplit(".", 1)[-1]: why for name, (_, why) in report.left.items()}
+    assert "one γ per head" in reasons["CohereLayerNorm"]
+    assert "last 2 dimensions" in reasons["LayerNorm"]
+
+
+def test_gemma3n_with_and_without_scale_bind_to_their_gamma():
+    g3n = _tf("gemma3n", "Gemma3nRMSNorm")
+    with_scale, without = g3n(N), g3n(N, with_scale=False)
+    nl.swap_norms(nn.Sequential(with_scale, without))
+    assert type(with_scale)._normlib_binding.weight == "weight"
+    if hasattr(without, "weight"):  # transformers 4.x: a scalar buffer of 1, which its forward multiplies by
+        assert type(without)._normlib_binding.weight == "weight" and without.weight.dim() == 0
+        return
+    assert type(without)._normlib_binding.weight is None  # 5.x: none, and its forward skips it
+    assert type(with_scale) is not type(without)  # one swapped class per class and binding
