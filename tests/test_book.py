@@ -153,3 +153,33 @@ def test_figures_are_crisp_on_high_dpi_screens(nb):
                     f"{nb.name}: a PNG figure shown at its pixel size ({pixels} px) is blurry on high-DPI "
                     "screens: execute the chapter with `make notebooks` (SVG figures) or use the 'retina' format"
                 )
+
+
+execute_tool = _load_tool("execute_notebooks")
+
+
+def test_execution_record_names_the_machine_and_the_imports():
+    """The tool records what decides the last digits (CPU, ISA flags, ATen capability, threads)."""
+    env = execute_tool.environment()
+    for key in ("python", "machine", "cpu", "cpu_flags", "aten_cpu_capability", "threads", "torch", "triton", "normlib"):
+        assert key in env, key
+    assert env["torch"] == metadata.version("torch")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("%config InlineBackend.figure_formats = ['svg']\nimport json, torch\nfrom torch import nn"),
+        nbformat.v4.new_code_cell("import numpy as np\nfrom normlib.testing import check_layer_norm\nfrom . import local"),
+        nbformat.v4.new_markdown_cell("import matplotlib"),  # prose is not code
+    ]
+    found = execute_tool.imported_packages(nb)
+    assert set(found) == {"torch", "numpy", "normlib"}, found  # json is stdlib, '.' is relative
+    assert found["numpy"] == metadata.version("numpy")
+
+
+@pytest.mark.parametrize("nb", [nb for nb in NOTEBOOKS if "imports" in RECORD.get(nb.name, {})], ids=lambda p: p.name)
+def test_recorded_imports_match_the_chapter(nb):
+    """A chapter's recorded packages are the ones its code imports now (re-execute it after changing them)."""
+    scanned = execute_tool.imported_packages(nbformat.read(nb, as_version=4))
+    assert set(RECORD[nb.name]["imports"]) == set(scanned), (
+        f"{nb.name} imports {sorted(scanned)} but was recorded with {sorted(RECORD[nb.name]['imports'])}: "
+        "run `make notebooks` (or book/_tools/execute_notebooks.py on it)"
+    )
