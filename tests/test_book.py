@@ -153,3 +153,84 @@ def test_figures_are_crisp_on_high_dpi_screens(nb):
                     f"{nb.name}: a PNG figure shown at its pixel size ({pixels} px) is blurry on high-DPI "
                     "screens: execute the chapter with `make notebooks` (SVG figures) or use the 'retina' format"
                 )
+
+
+execute_tool = _load_tool("execute_notebooks")
+
+
+def test_execution_record_names_the_machine_and_the_imports():
+    """The tool records what decides the last digits (CPU, ISA flags, ATen capability, threads)."""
+    env = execute_tool.environment()
+    for key in ("python", "machine", "cpu", "cpu_flags", "aten_cpu_capability", "threads", "torch", "triton", "normlib"):
+        assert key in env, key
+    assert env["torch"] == metadata.version("torch")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("%config InlineBackend.figure_formats = ['svg']\nimport json, torch\nfrom torch import nn"),
+        nbformat.v4.new_code_cell("import numpy as np\nfrom normlib.testing import check_layer_norm\nfrom . import local"),
+        nbformat.v4.new_markdown_cell("import matplotlib"),  # prose is not code
+    ]
+    found = execute_tool.imported_packages(nb)
+    assert set(found) == {"torch", "numpy", "normlib"}, found  # json is stdlib, '.' is relative
+    assert found["numpy"] == metadata.version("numpy")
+
+
+@pytest.mark.parametrize("nb", [nb for nb in NOTEBOOKS if "imports" in RECORD.get(nb.name, {})], ids=lambda p: p.name)
+def test_recorded_imports_match_the_chapter(nb):
+    """A chapter's recorded packages are the ones its code imports now (re-execute it after changing them)."""
+    scanned = execute_tool.imported_packages(nbformat.read(nb, as_version=4))
+    assert set(RECORD[nb.name]["imports"]) == set(scanned), (
+        f"{nb.name} imports {sorted(scanned)} but was recorded with {sorted(RECORD[nb.name]['imports'])}: "
+        "run `make notebooks` (or book/_tools/execute_notebooks.py on it)"
+    )
+
+
+# ---- the errata chapter: one grade per entry, the same in the heading, the summary and the counts
+
+ERRATA = BOOK / "08_errata.ipynb"
+GRADES = ("Error", "Overstatement", "Note")
+
+
+def _errata_markdown():
+    return [c.source for c in nbformat.read(ERRATA, as_version=4).cells if c.cell_type == "markdown"]
+
+
+def test_errata_grades_agree_between_headings_summary_and_counts():
+    text = "\n".join(_errata_markdown())
+    # every entry: a label, then a heading ending in its grade
+    headed = dict(re.findall(r"^\((erratum-[a-z0-9-]+)\)=\n### .+ — \*(\w+)\*$", text, re.M))
+    assert headed, "no errata entries found"
+    assert set(headed.values()) <= set(GRADES), set(headed.values())
+    labels = re.findall(r"^\((erratum-[a-z0-9-]+)\)=", text, re.M)
+    assert sorted(labels) == sorted(headed), "an erratum label without a graded heading"
+    # the Notes on wording: one bullet each in the section labelled errata-slips
+    slips_section = text.split("(errata-slips)=", 1)[1].split("\n## ", 2)[1]
+    slips = re.findall(r"^\* \*\*(\d{3}) · ", slips_section, re.M)
+    # the summary table: one row per entry and per slip, linking to it, with its grade
+    summary = text.split("(errata-summary)=", 1)[1]
+    rows = re.findall(r"^\| (\d+) \| ([\d, ]+) \| \{ref\}`[^`]*<([a-z0-9-]+)>` \| (\w+) \|$", summary, re.M)
+    assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)), "rows not numbered 1..n"
+    entry_rows = {label: grade for _, _, label, grade in rows if label.startswith("erratum-")}
+    assert entry_rows == headed, "summary table and headings disagree"
+    slip_rows = [(article.split(",")[0], grade) for _, article, label, grade in rows if label == "errata-slips"]
+    assert [a for a, _ in slip_rows] == slips and {g for _, g in slip_rows} == {"Note"}
+    # the counts printed below the table
+    book = nbformat.read(ERRATA, as_version=4)
+    (counts_cell,) = [c for c in book.cells if c.cell_type == "code" and "summary_grades = {" in c.source]
+    printed = "".join(o.get("text", "") for o in counts_cell.outputs)
+    total = re.search(r"^\s+all\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", printed, re.M)
+    grades_in_table = [grade for *_, grade in rows]
+    assert [int(n) for n in total.groups()] == [grades_in_table.count(g) for g in GRADES] + [len(rows)]
+    for article in ("000", "001", "002", "003", "004"):
+        line = re.search(rf"^\s+{article}\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", printed, re.M)
+        mine = [grade for _, arts, _, grade in rows if arts.split(",")[0] == article]
+        assert [int(n) for n in line.groups()] == [mine.count(g) for g in GRADES] + [len(mine)], article
+
+
+def test_errata_cells_check_behaviour_not_third_party_source():
+    # reading an installed package's source text ties a page to one release of it
+    book = nbformat.read(ERRATA, as_version=4)
+    for c in book.cells:
+        if c.cell_type == "code":
+            assert ".read_text()" not in c.source, c.source[:80]
+            assert 'find_spec("transformers")' not in c.source, c.source[:80]

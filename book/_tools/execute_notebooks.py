@@ -9,19 +9,24 @@ figures; book/conftest.py gives nbval's kernels the same); volatile metadata
 (execution timestamps, widget state) is dropped so that re-running an
 unchanged notebook gives an unchanged file.
 
-The versions of the packages each chapter ran with are recorded in
-book/data/executed_with.json, and the page that shows them
-(book/versions.ipynb) is re-executed after any chapter, so that its stored
-table never lags behind the record (nbval would fail on it otherwise).
+What each chapter ran with is recorded in book/data/executed_with.json: the
+Python, torch, Triton and normlib versions; the machine (CPU model, its
+AVX2/AVX-512 flags, the ATen CPU capability torch picked and its default thread
+count, which decide how floats round); and the version of every package the
+chapter's code cells import, found by scanning them. The page that shows the
+record (book/versions.ipynb) is re-executed after any chapter, so that its
+stored tables never lag behind the record (nbval would fail on it otherwise).
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import fcntl
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from importlib import metadata
@@ -41,16 +46,79 @@ PACKAGES = ("torch", "triton", "numpy", "matplotlib", "normlib")
 NOT_RECORDED = {"versions.ipynb"}
 
 
+# CPU flags that select ATen's vector kernels (and so how reductions round)
+ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "amx_tile")
+
+
+def _version(distribution: str):
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu() -> dict:
+    """The CPU model and the instruction-set flags that change float results (Linux: /proc/cpuinfo)."""
+    model, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {
+        "cpu": model or platform.processor() or None,
+        "cpu_flags": " ".join(f for f in ISA_FLAGS if f in flags) or None,
+    }
+
+
+def torch_cpu_settings() -> dict:
+    """What torch picks in a fresh process of this environment, as a chapter's kernel starts:
+    the ATen CPU capability (ATEN_CPU_CAPABILITY overrides it) and the default thread count."""
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())"
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+        capability, threads = out.stdout.split()
+        return {"aten_cpu_capability": capability, "threads": int(threads)}
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return {"aten_cpu_capability": None, "threads": None}
+
+
 def environment() -> dict:
-    """The versions of this environment, read from the installed packages, not typed by hand."""
-    env = {"python": platform.python_version(), "machine": platform.machine()}
+    """This environment, read from the installed packages and the machine, not typed by hand."""
+    env = {"python": platform.python_version(), "machine": platform.machine(), **cpu(), **torch_cpu_settings()}
     for name in PACKAGES:
-        try:
-            env[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            env[name] = None
+        env[name] = _version(name)
     env["executed"] = dt.datetime.now(dt.timezone.utc).date().isoformat()
     return env
+
+
+def imported_packages(nb) -> dict:
+    """The third-party distributions a notebook's code cells import, with their installed versions."""
+    modules = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        # IPython magics and shell escapes are not Python
+        source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules.add(node.module.split(".")[0])
+    owners = metadata.packages_distributions()
+    packages = {}
+    for module in sorted(modules - set(sys.stdlib_module_names)):
+        for dist in sorted(set(owners.get(module, [module]))):
+            packages[dist] = _version(dist)
+    return dict(sorted(packages.items()))
 
 
 def record(paths: list[Path]) -> None:
@@ -59,7 +127,7 @@ def record(paths: list[Path]) -> None:
     env = environment()
     for p in paths:
         if p.name not in NOT_RECORDED:
-            data["notebooks"][p.name] = env
+            data["notebooks"][p.name] = {**env, "imports": imported_packages(nbformat.read(p, as_version=4))}
     data["notebooks"] = dict(sorted(data["notebooks"].items()))
     RECORD.parent.mkdir(parents=True, exist_ok=True)
     RECORD.write_text(json.dumps(data, indent=1) + "\n")
