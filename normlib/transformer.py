@@ -45,6 +45,7 @@ class TransformerBlock(nn.Module):
     :func:`normlib.ops.add_rms_norm`).
 
     Example:
+        >>> import torch
         >>> block = TransformerBlock(32, 4, norm_first=False)
         >>> block(torch.randn(2, 7, 32)).shape
         torch.Size([2, 7, 32])

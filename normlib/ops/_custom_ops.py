@@ -24,9 +24,9 @@ the operators compute the same outputs, with the same per-row statistics,
 in plain PyTorch, so they are correct on every device.
 """
 
-from __future__ import annotations
-
-from typing import Optional
+# No `from __future__ import annotations` here: torch 2.4-2.5 infer an
+# operator's schema from real annotation objects, not strings.
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -115,7 +115,7 @@ def _reference_backward(dy, dres, normalized, weight, mean, rstd, is_rms, x_dtyp
 def _fused_norm_op(
     x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float, is_rms: bool,
     out_dtype: Optional[torch.dtype], w_plus_one: bool, round_xhat: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     opts = dict(out_dtype=out_dtype, w_plus_one=w_plus_one, round_xhat=round_xhat)
     if _kernels_run_on(x):
         from . import _functions, _kernels
@@ -161,7 +161,7 @@ def _fused_norm_backward_op(
     bias_dtype: Optional[torch.dtype],
     w_plus_one: bool,
     round_xhat: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     args = (dy, dres, normalized, weight, None if is_rms else mean, rstd, is_rms, x_dtype, residual_dtype, bias_dtype)
     opts = dict(w_plus_one=w_plus_one, round_xhat=round_xhat)
     if _kernels_run_on(normalized):
