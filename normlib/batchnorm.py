@@ -93,12 +93,6 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
             return 1.0 / float(self.num_batches_tracked)
         return self.momentum
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-            f"affine={self.affine}, bias={self.bias is not None}, "
-            f"track_running_stats={self.track_running_stats}"
-        )
 
 
 class _BatchNorm(_NormBase, _tbn._BatchNorm):

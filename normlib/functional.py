@@ -191,16 +191,22 @@ def _rstd(xc: Tensor, var: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
     plausible wrong answer. Such slices are recomputed from ``xc / s``, ``s``
     being the slice's largest :math:`|x_c|`:
     :math:`\mathrm{rstd} = 1 / \big(s\,\sqrt{\overline{(x_c/s)^2} + \epsilon/s^2}\big)`.
-    Slices that hold ``inf`` or NaN stay NaN, as in torch. In eager mode the
-    rescaled pass runs only when some ``var`` overflowed; while
-    ``torch.compile`` traces or a ``torch.func`` transform runs (neither can
-    branch on a value), both are computed and selected per slice.
+    Slices that hold ``inf`` or NaN stay NaN, as in torch. On CPU in eager
+    mode the rescaled pass runs only when some ``var`` overflowed. Elsewhere
+    both are computed and selected per slice: ``torch.compile`` and the
+    ``torch.func`` transforms cannot branch on a value, and on a GPU looking at
+    one would make the host wait for the device on every call (and break CUDA
+    graph capture).
     """
     rstd = torch.rsqrt(var + eps)
     if xc.numel() == 0:
         return rstd
-    traced = torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-    if not traced and not bool(torch.isinf(var).any()):  # the common case: one look at the statistics
+    branch_free = (
+        xc.device.type != "cpu"
+        or torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+    )
+    if not branch_free and not bool(torch.isinf(var).any()):  # the common case: one look at the statistics
         return rstd
     s = torch.linalg.vector_norm(xc, ord=float("inf"), dim=dims, keepdim=True)  # max |xc|
     s = torch.where((s > 0) & torch.isfinite(s), s, torch.ones_like(s))

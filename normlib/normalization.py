@@ -33,11 +33,31 @@ __all__ = ["LayerNorm", "RMSNorm", "GroupNorm"]
 
 
 class _NormlibRepr:
-    """``repr`` names the class as ``normlib.LayerNorm(...)``, so a printed model shows whose layer it is."""
+    """``repr`` is torch's own, with the class named ``normlib.LayerNorm(...)``.
+
+    A printed model shows whose layer it is and otherwise reads exactly as the
+    installed torch prints its namesake. Where that torch's text has no
+    ``bias`` (older releases print none, and before 2.13 BatchNorm, GroupNorm
+    and InstanceNorm take no ``bias`` argument) a layer built with
+    ``bias=False`` says so.
+    """
 
     def _get_name(self) -> str:
         cls = type(self)
         return f"normlib.{cls.__name__}" if cls.__module__.startswith("normlib.") else cls.__name__
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()  # type: ignore[misc]  # torch's namesake follows in the MRO
+        params = self._parameters  # type: ignore[attr-defined]
+        no_bias = params.get("weight") is not None and "bias" in params and params["bias"] is None
+        if no_bias and not _accepts_bias(_torch_namesake(type(self))):
+            text += ", bias=False"
+        return text
+
+
+def _torch_namesake(cls: type) -> type:
+    """The first ``torch.nn`` class ``cls`` derives from (``nn.BatchNorm1d`` for normlib's)."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("torch.nn."))
 
 
 def _accepts_bias(cls: type) -> bool:
@@ -122,11 +142,6 @@ class LayerNorm(_NormlibRepr, nn.LayerNorm):
     def forward(self, input: Tensor) -> Tensor:
         return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, eps={self.eps}, "
-            f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}"
-        )
 
 
 class RMSNorm(_NormlibRepr, nn.RMSNorm):
@@ -173,11 +188,6 @@ class RMSNorm(_NormlibRepr, nn.RMSNorm):
     def forward(self, input: Tensor) -> Tensor:
         return _rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, eps={self.eps}, "
-            f"elementwise_affine={self.elementwise_affine}"
-        )
 
 
 class GroupNorm(_NormlibRepr, nn.GroupNorm):
@@ -233,9 +243,4 @@ class GroupNorm(_NormlibRepr, nn.GroupNorm):
     def forward(self, input: Tensor) -> Tensor:
         return _group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
-            f"affine={self.affine}, bias={self.bias is not None}"
-        )
 
