@@ -8,9 +8,11 @@ concatenated batch, using only ``torch.distributed``: CPU tensors with the
 
 What travels, per layer and training step (``C`` channels, ``W`` processes):
 
-* forward, one ``all_gather``: each rank sends ``2C + 3`` float64 numbers:
-  a header (channel count, device kind, number of values per channel) and its
-  per-channel means and sums of squared deviations. Every rank then merges the ``W``
+* forward, one ``all_gather``: each rank sends ``2C + 11`` float64 numbers:
+  an 11-number header (the status of its own input check, the layer's step
+  count, the number of values per channel, the device kind, the input's number
+  of dimensions and its first six sizes) and its per-channel means and sums of
+  squared deviations. Every rank then merges the ``W``
   contributions with :func:`combine_moments`, the parallel-variance formula
   of Chan, Golub & LeVeque, so unequal and empty per-rank batches give the
   statistics of the concatenated batch.
