@@ -40,7 +40,7 @@ class _NormlibRepr:
         return f"normlib.{cls.__name__}" if cls.__module__.startswith("normlib.") else cls.__name__
 
 
-def _accepts_bias(cls: type) -> bool:
+def _accepts_bias(cls: type[nn.Module]) -> bool:
     """Whether ``cls.__init__`` takes ``bias`` (torch added it to GroupNorm/BatchNorm/InstanceNorm in 2026)."""
     return "bias" in inspect.signature(cls.__init__).parameters
 
@@ -222,7 +222,7 @@ class GroupNorm(_NormlibRepr, nn.GroupNorm):
         extra = {"bias": bias} if _accepts_bias(nn.GroupNorm) else {}
         super().__init__(num_groups, num_channels, check_eps(eps), affine, device, dtype, **extra)
         if affine and not bias and self.bias is not None:
-            self.bias = None
+            self.register_parameter("bias", None)  # what `self.bias = None` does, typed
 
     def reset_parameters(self) -> None:
         if self.weight is not None:
