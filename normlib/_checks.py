@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence, Union
+from typing import Literal, Sequence, Union, overload
 
 import torch
 
@@ -72,7 +72,7 @@ def check_eps(eps: object, name: str = "eps") -> float:
     if isinstance(eps, (torch.SymFloat, torch.SymInt)) or torch.compiler.is_compiling():
         # While tracing, dynamo may hand a float argument over as a symbolic value
         # even where isinstance says float; math.isfinite cannot be traced on it.
-        return eps  # type: ignore[return-value]
+        return eps  # type: ignore[return-value]  # a SymFloat/SymInt stands in for the float
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{name} must be a real number (got {type(eps).__name__})")
     eps = float(eps)
@@ -81,6 +81,10 @@ def check_eps(eps: object, name: str = "eps") -> float:
     return eps
 
 
+@overload
+def check_momentum(momentum: object, allow_none: Literal[False]) -> float: ...
+@overload
+def check_momentum(momentum: object, allow_none: bool = True) -> float | None: ...
 def check_momentum(momentum: object, allow_none: bool = True) -> float | None:
     """``momentum`` must lie in [0, 1] (or be ``None`` for a cumulative average)."""
     if momentum is None:
@@ -108,7 +112,7 @@ def normalize_shape(normalized_shape: _shape_t) -> tuple[int, ...]:
         shape: tuple = (int(normalized_shape),)
     else:
         try:
-            shape = tuple(normalized_shape)  # type: ignore[arg-type]
+            shape = tuple(normalized_shape)  # type: ignore[arg-type]  # mypy cannot rule int out through numbers.Integral
         except TypeError:
             raise TypeError(
                 f"normalized_shape must be an int or a sequence of ints "

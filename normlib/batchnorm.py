@@ -37,6 +37,13 @@ from .normalization import _accepts_bias, _NormlibRepr
 __all__ = ["BatchNorm1d", "BatchNorm2d", "InstanceNorm1d", "InstanceNorm2d"]
 
 
+def _buffer(value: Optional[Tensor], name: str) -> Tensor:
+    """A running-statistics buffer, which torch's constructor registers whenever ``track_running_stats`` is set."""
+    if value is None:
+        raise RuntimeError(f"track_running_stats is set but the layer's {name} buffer is None")
+    return value
+
+
 class _NormBase(_NormlibRepr, _tbn._NormBase):
     """Parameters, running statistics and their (re)initialisation.
 
@@ -64,13 +71,13 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         extra = {"bias": bias} if _accepts_bias(_tbn._NormBase) else {}
         _tbn._NormBase.__init__(self, num_features, eps, momentum, affine, track_running_stats, device, dtype, **extra)
         if affine and not bias and self.bias is not None:
-            self.bias = None
+            self.register_parameter("bias", None)  # what `self.bias = None` does, typed
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
-            self.running_mean.zero_()
-            self.running_var.fill_(1)
-            self.num_batches_tracked.zero_()
+            _buffer(self.running_mean, "running_mean").zero_()
+            _buffer(self.running_var, "running_var").fill_(1)
+            _buffer(self.num_batches_tracked, "num_batches_tracked").zero_()
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
@@ -87,10 +94,11 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         """
         if not (self.training and self.track_running_stats):
             return 0.0 if self.momentum is None else self.momentum
+        batches = _buffer(self.num_batches_tracked, "num_batches_tracked")
         with torch.no_grad():
-            self.num_batches_tracked.add_(1)
+            batches.add_(1)
         if self.momentum is None:
-            return 1.0 / float(self.num_batches_tracked)
+            return 1.0 / float(batches)
         return self.momentum
 
 

@@ -59,7 +59,7 @@ from torch.autograd.function import once_differentiable
 
 from . import functional as F
 from ._checks import check_float_tensor
-from .batchnorm import _NormBase
+from .batchnorm import _buffer, _NormBase
 
 __all__ = [
     "SyncBatchNorm",
@@ -583,11 +583,11 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf:
             raise ValueError(f"timeout must be a positive number of seconds (got {timeout!r})")
         self.process_group = process_group
-        self.timeout = float(timeout)
+        self.timeout: float = float(timeout)
         # Layers are numbered in the order a process builds them: the same on every rank of a
         # data-parallel job, so that an error can say which layer on every rank ("#3").
-        self._label = f"#{next(SyncBatchNorm._labels)}"
-        self._sync_steps = 0  # synchronised training forwards of this layer so far
+        self._label: str = f"#{next(SyncBatchNorm._labels)}"
+        self._sync_steps: int = 0  # synchronised training forwards of this layer so far
         self._noted_mode: Optional[bool] = None
         # Groups (by id) in which this layer's channel count was checked against every rank.
         self._checked_groups: set[int] = set()
@@ -670,7 +670,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
         track = self.track_running_stats
         # The batch is counted once every rank has accepted it (a failed step counts nowhere).
         if self.momentum is None:
-            momentum = 1.0 / float(self.num_batches_tracked + 1) if track else 0.0
+            momentum = 1.0 / float(_buffer(self.num_batches_tracked, "num_batches_tracked") + 1) if track else 0.0
         else:
             momentum = self.momentum
         y = SyncBatchNormFunction.apply(
@@ -680,7 +680,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
         )
         if track:
             with torch.no_grad():
-                self.num_batches_tracked.add_(1)
+                _buffer(self.num_batches_tracked, "num_batches_tracked").add_(1)
         return y
 
     def extra_repr(self) -> str:

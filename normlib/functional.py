@@ -135,7 +135,7 @@ def _sum_of_squares(xc: Tensor, dims: tuple[int, ...]) -> Tensor:
     variance of ``[0, 2]`` comes out as ``1 - 2**-24``); the kernels and
     torch's own reductions differ from the exact value by as much.
     """
-    inner = []
+    inner: list[int] = []
     for d in reversed(range(xc.dim())):
         if d not in dims:
             break
@@ -243,7 +243,7 @@ def _check_dims(dims: object, ndim: int) -> tuple[int, ...]:
     if isinstance(dims, int) and not isinstance(dims, bool):
         dims = (dims,)
     try:
-        given = tuple(dims)  # type: ignore[arg-type]
+        given: tuple[object, ...] = tuple(dims)  # type: ignore[arg-type]  # any iterable; TypeError below otherwise
     except TypeError:
         raise TypeError(f"dims must be an int or a sequence of ints (got {type(dims).__name__})") from None
     if not given:
@@ -306,11 +306,11 @@ def _checked(check):
 
 
 def _check_same(name_a: str, a: object, name_b: str, b: object) -> None:
-    check_float_tensor(a, name_a)
-    check_float_tensor(b, name_b)
-    if a.shape != b.shape:  # type: ignore[union-attr]
-        raise ValueError(f"{name_b} must have the shape of {name_a} {list(a.shape)} (got {list(b.shape)})")  # type: ignore[union-attr]
-    check_same_device(a, **{name_b: b})  # type: ignore[arg-type]
+    ta = check_float_tensor(a, name_a)
+    tb = check_float_tensor(b, name_b)
+    if ta.shape != tb.shape:
+        raise ValueError(f"{name_b} must have the shape of {name_a} {list(ta.shape)} (got {list(tb.shape)})")
+    check_same_device(ta, **{name_b: tb})
 
 
 def _check_row_norm_backward(dy, xhat, stat, normalized_shape, weight=None, *, stat_name="rstd", x_name="xhat"):
@@ -351,7 +351,9 @@ def _check_group_norm_backward(dy, xhat, rstd, num_groups, weight=None):
     check_param(weight, "weight", (C,), dy)
 
 
-def _pick(plain: type, with_jvp: type) -> type:
+def _pick(
+    plain: type[torch.autograd.Function], with_jvp: type[torch.autograd.Function]
+) -> type[torch.autograd.Function]:
     """The op's autograd Function: with its ``jvp`` where forward-mode AD may reach it.
 
     Forward-mode AD (``torch.autograd.forward_ad``, ``torch.func.jvp``,
@@ -515,7 +517,7 @@ class _LayerNorm(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         dims = tuple(range(x.dim() - len(ctx.shape), x.dim()))
         if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
-            xc, _, _, var = _moments(x.to(acc), dims)
+            xc, _mean, _shifted, var = _moments(x.to(acc), dims)  # not `_`: that is the *_ of the signature
             rstd = _rstd(xc, var, dims, ctx.eps)
             xhat = xc * rstd
         else:
@@ -890,7 +892,7 @@ class _BatchNormTrain(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         dims = _bn_dims(x)
         if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
-            xc, _, _, var = _moments(x.to(acc), dims)
+            xc, _mean, _shifted, var = _moments(x.to(acc), dims)  # not `_`: that is the *_ of the signature
             rstd = _rstd(xc, var, dims, ctx.eps).reshape(-1)
             xhat = xc * _channel_view(rstd, x.dim())
         else:
@@ -1194,7 +1196,7 @@ class _GroupNorm(torch.autograd.Function):
         acc = _acc_dtype(x.dtype)
         xg = x.to(acc).reshape(_grouped(x, ctx.G))
         if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
-            xc, _, _, var = _moments(xg, (2, 3))
+            xc, _mean, _shifted, var = _moments(xg, (2, 3))  # not `_`: that is the *_ of the signature
             rstd = _rstd(xc, var, (2, 3), ctx.eps)
             xhat = xc * rstd
         else:

@@ -308,7 +308,7 @@ _FAST_NORM = "timm's fast-norm mode is on (its rounding depends on apex and the 
 
 
 def _over_one_dim(m: nn.Module) -> str:
-    n = len(m.normalized_shape)
+    n = len(m.normalized_shape)  # type: ignore[arg-type]  # a tuple attribute; nn.Module.__getattr__ types it Tensor | Module
     if n == 1:
         return ""
     return f"it normalizes over its last {n} dimensions and the kernels over one; it runs unchanged"
@@ -500,7 +500,8 @@ class _Normalise(ast.NodeTransformer):
     """Drops annotations, decorators and docstrings (any bare string statement), and renames locals in order."""
 
     def __init__(self, local_names: set):
-        self.local_names, self.renamed = local_names, {}
+        self.local_names: set = local_names
+        self.renamed: dict[str, str] = {}
 
     def _rename(self, name: str) -> str:
         if name not in self.local_names:
@@ -536,7 +537,10 @@ class _Normalise(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-def _parse(src: str) -> Optional[ast.AST]:
+_FunctionNode = Union[ast.FunctionDef, ast.AsyncFunctionDef]
+
+
+def _parse(src: str) -> Optional[_FunctionNode]:
     try:
         tree = ast.parse(textwrap.dedent(src)).body[0]
     except (SyntaxError, IndexError):
@@ -544,7 +548,7 @@ def _parse(src: str) -> Optional[ast.AST]:
     return tree if isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
-def _normalised(tree: ast.AST) -> tuple[ast.AST, set, Optional[str]]:
+def _normalised(tree: _FunctionNode) -> tuple[_FunctionNode, set, Optional[str]]:
     """``(normalised tree, its global names, the renamed name of its first argument)``."""
     local_names = _locals(tree)
     globals_ = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - local_names
@@ -681,6 +685,8 @@ def _static_dump(anchor: Anchor) -> Optional[str]:
     _STATIC[key] = None
     try:
         spec = importlib.util.find_spec(anchor.module)
+        if spec is None or spec.origin is None:  # no such module, or one without a source file
+            return None
         with open(spec.origin, encoding="utf-8") as f:
             text = f.read()
     except (ImportError, ValueError, AttributeError, TypeError, OSError):
@@ -815,9 +821,10 @@ def _bind(module: nn.Module) -> tuple[Optional[Binding], str]:
     missing = {a for a in _reads(cls) if not hasattr(module, a)}
     b = Binding(entry.name, anchor.weight, anchor.bias, anchor.eps)
     if entry.select is not None and not missing - {anchor.weight}:
-        b, why_not = entry.select(module, b)
-        if b is None:
+        selected, why_not = entry.select(module, b)
+        if selected is None:
             return None, why_not
+        b = selected
     missing -= {t for t in (anchor.weight, anchor.bias) if t is not None and t not in (b.weight, b.bias)}
     if missing:  # a γ the settings switch off (Gemma-3n's with_scale=False) need not exist
         return None, f"{why}, but it has no attribute {', '.join(sorted(missing))}; it runs unchanged"

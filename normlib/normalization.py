@@ -60,7 +60,7 @@ def _torch_namesake(cls: type) -> type:
     return next(c for c in cls.__mro__ if c.__module__.startswith("torch.nn."))
 
 
-def _accepts_bias(cls: type) -> bool:
+def _accepts_bias(cls: type[nn.Module]) -> bool:
     """Whether ``cls.__init__`` takes ``bias`` (torch added it to GroupNorm/BatchNorm/InstanceNorm in 2026)."""
     return "bias" in inspect.signature(cls.__init__).parameters
 
@@ -232,7 +232,7 @@ class GroupNorm(_NormlibRepr, nn.GroupNorm):
         extra = {"bias": bias} if _accepts_bias(nn.GroupNorm) else {}
         super().__init__(num_groups, num_channels, check_eps(eps), affine, device, dtype, **extra)
         if affine and not bias and self.bias is not None:
-            self.bias = None
+            self.register_parameter("bias", None)  # what `self.bias = None` does, typed
 
     def reset_parameters(self) -> None:
         if self.weight is not None:

@@ -89,6 +89,7 @@ class _Swapped:
     """Base of every class :func:`swap_norms` makes (a marker: it adds no state)."""
 
     __slots__ = ()
+    _normlib_class: type[nn.Module]  # set in each swapped class's namespace by _swapped_class
 
 
 _CLASSES: dict = {}  # (original class, interop.Binding) -> its swapped subclass
@@ -149,11 +150,11 @@ def _forward_for(original, binding):
     forward, belongs_to = namespace["make"](interop.fused, original, binding)
     fn = types.FunctionType(forward.__code__, original.__globals__, original.__name__, None, forward.__closure__)
     functools.update_wrapper(fn, original)
-    fn._normlib_forward = True
+    fn._normlib_forward = True  # type: ignore[attr-defined]  # a marker on the function, read by _runs_the_class_forward
     return fn, belongs_to
 
 
-def _rebuild(cls: type, binding, *args):
+def _rebuild(cls: type[nn.Module], binding, *args):
     """Unpickle (or copy) a swapped module: an instance of the swapped class of ``cls``, made here if need be."""
     sub = _swapped_class(cls, binding)
     return sub.__new__(sub, *args)
@@ -164,14 +165,14 @@ def _reduce_ex(self, protocol):
     sub = type(self)
     rv = sub._normlib_class.__reduce_ex__(self, protocol)
     if isinstance(rv, tuple) and len(rv) >= 2:
-        if rv[0] is copyreg.__newobj__ and rv[1][:1] == (sub,):
+        if rv[0] is copyreg.__newobj__ and rv[1][:1] == (sub,):  # type: ignore[attr-defined]  # not in typeshed's copyreg
             return (_rebuild, (sub._normlib_class, sub._normlib_binding) + tuple(rv[1][1:])) + tuple(rv[2:])
-        if rv[0] is copyreg._reconstructor and rv[1][:1] == (sub,):  # protocols 0 and 1
-            return (copyreg._reconstructor, (sub._normlib_class,) + tuple(rv[1][1:])) + tuple(rv[2:])
+        if rv[0] is copyreg._reconstructor and rv[1][:1] == (sub,):  # type: ignore[attr-defined]  # protocols 0 and 1; private, not in typeshed
+            return (copyreg._reconstructor, (sub._normlib_class,) + tuple(rv[1][1:])) + tuple(rv[2:])  # type: ignore[attr-defined]  # as above
     return rv
 
 
-def _swapped_class(cls: type, binding) -> type:
+def _swapped_class(cls: type[nn.Module], binding) -> type:
     """The subclass of ``cls`` that runs ``binding``'s kind: the same name, a new ``forward``, nothing else."""
     key = (cls, binding)
     sub = _CLASSES.get(key)
@@ -188,13 +189,14 @@ def _swapped_class(cls: type, binding) -> type:
             "_normlib_binding": binding,
             "_normlib_class": cls,
         }
-        sub = type(cls)(cls.__name__, (cls, _Swapped), namespace)
+        metaclass: type = type(cls)
+        sub = metaclass(cls.__name__, (cls, _Swapped), namespace)
         belongs_to(sub)
         _CLASSES[key] = sub
     return sub
 
 
-def _original_class(module: nn.Module) -> type:
+def _original_class(module: nn.Module) -> type[nn.Module]:
     return getattr(type(module), "_normlib_class", type(module))
 
 
@@ -253,7 +255,7 @@ def _swap(module: nn.Module, binding) -> None:
 
 
 def _unswap(module: nn.Module) -> None:
-    cls = type(module)._normlib_class
+    cls = _original_class(module)  # its _normlib_class: callers pass swapped modules only
     module.__class__ = cls
     saved = module.__dict__.pop(_SLOTS, {})
     for slot in ("forward", "_old_forward"):
@@ -274,7 +276,8 @@ def _check_model(model) -> None:
 
 def _scripted(model: nn.Module) -> tuple[list, set]:
     """The outermost TorchScript modules in ``model``, and the ids of every module inside them."""
-    outer, inside = [], set()
+    outer: list[torch.jit.ScriptModule] = []
+    inside: set[int] = set()
     for m in model.modules():
         if id(m) in inside or not isinstance(m, torch.jit.ScriptModule):
             continue
@@ -330,7 +333,8 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
     if not isinstance(warn, bool):
         raise TypeError(f"warn must be True or False (got {warn!r})")
     report = SwapReport()
-    left, why_left = Counter(), {}
+    left: Counter[str] = Counter()
+    why_left: dict[str, str] = {}
     scripted, inside = _scripted(model)
     for m in scripted:
         name = f"{type(m).__module__}.{type(m).__qualname__}({m.original_name})"

@@ -52,8 +52,9 @@ import math
 import os
 import sys
 import traceback
+import types
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, overload
 
 import torch
 
@@ -204,9 +205,13 @@ def _index(flat: int, shape: Sequence[int]) -> tuple:
     return tuple(reversed(idx))
 
 
-_LIBRARY_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, sys.modules[__name__.rsplit(".", 1)[0]])
-)
+def _package_dir(module: types.ModuleType) -> str:
+    if module.__file__ is None:  # torch and normlib are regular packages: never the case
+        raise ImportError(f"{module.__name__} has no __file__ to find its directory from")
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+_LIBRARY_DIRS = tuple(_package_dir(m) for m in (torch, sys.modules[__name__.rsplit(".", 1)[0]]))
 
 
 def _exception_text(e: BaseException) -> str:
@@ -254,6 +259,10 @@ def _compare(got, expected: torch.Tensor, what: str, dtype: torch.dtype, tol: tu
         )
 
 
+@overload
+def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor: ...
+@overload
+def _leaf(t: None, requires_grad: bool) -> None: ...
 def _leaf(t: Optional[torch.Tensor], requires_grad: bool) -> Optional[torch.Tensor]:
     """A fresh leaf with ``t``'s values *and strides* (non-contiguous stays non-contiguous)."""
     if t is None:

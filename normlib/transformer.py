@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from typing import cast
 
 from torch import Tensor, nn
 
@@ -79,17 +80,17 @@ class TransformerBlock(nn.Module):
         eps = check_eps(eps)
         factory = {"device": device, "dtype": dtype}
         Norm = LayerNorm if norm == "layer" else RMSNorm
-        self.norm_first = norm_first
-        self.norm = norm
-        self.attn = MultiHeadAttention(d_model, n_head, impl=attn_impl, **factory)
-        self.norm1 = Norm(d_model, eps=eps, **factory)
-        self.ff = nn.Sequential(
+        self.norm_first: bool = norm_first
+        self.norm: str = norm
+        self.attn: MultiHeadAttention = MultiHeadAttention(d_model, n_head, impl=attn_impl, **factory)
+        self.norm1: LayerNorm | RMSNorm = Norm(d_model, eps=eps, **factory)
+        self.ff: nn.Sequential = nn.Sequential(
             nn.Linear(d_model, d_ff, **factory),
             nn.GELU(),
             nn.Linear(d_ff, d_model, **factory),
         )
-        self.norm2 = Norm(d_model, eps=eps, **factory)
-        self.dropout = nn.Dropout(dropout)
+        self.norm2: LayerNorm | RMSNorm = Norm(d_model, eps=eps, **factory)
+        self.dropout: nn.Dropout = nn.Dropout(dropout)
 
     def _sa(self, x: Tensor, causal: bool) -> Tensor:
         return self.dropout(self.attn(x, x, x, causal=causal))
@@ -102,7 +103,8 @@ class TransformerBlock(nn.Module):
         n = self.norm2
         if ops.use_fused(branch, x):
             if self.norm == "layer":
-                return ops.add_layer_norm(branch, x, n.weight, n.bias, n.eps)
+                ln = cast(LayerNorm, n)  # what __init__ built for norm="layer"
+                return ops.add_layer_norm(branch, x, ln.weight, ln.bias, ln.eps)
             return ops.add_rms_norm(branch, x, n.weight, n.eps)
         x = x + branch
         return n(x), x

@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -190,6 +190,8 @@ def measure_op(fn: Callable, modes: Iterable[str], M: int, N: int, dtype: torch.
     out = {}
 
     def gpu(f, **kw):
+        if gpu_timer is None:  # only called with one
+            raise ValueError("measure_op: no gpu_timer to time with")
         try:
             return gpu_timer(f, **kw)
         except Exception as err:  # keep the eager measurement; say why the GPU time is missing
@@ -301,7 +303,7 @@ def run(
     env = environment(device)
     if device == "cuda":
         warm_up_gpu()
-    data = {"environment": env, "runs": [env["date"]], "bytes_model": {f"{k[0]} {k[1]}": v for k, v in _TENSOR_PASSES.items()}, "results": []}
+    data: dict[str, Any] = {"environment": env, "runs": [env["date"]], "bytes_model": {f"{k[0]} {k[1]}": v for k, v in _TENSOR_PASSES.items()}, "results": []}
     if previous is not None:
         old = previous["environment"]
         if any(old[k] != env[k] for k in _ENV_KEYS):

@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 from torch import nn
@@ -76,14 +76,26 @@ def _rms_norm(d):
     return build
 
 
+_T = TypeVar("_T")
+
+
+def _present(value: Optional[_T], what: str) -> _T:
+    """``value``, which the torch module's defaults guarantee is not ``None``."""
+    if value is None:
+        raise RuntimeError(f"the torch module's {what} is None")
+    return value
+
+
 def _batch_norm(c, training):
     def build():
         m = nn.BatchNorm2d(c).train(training)
+        running_mean, running_var = _present(m.running_mean, "running_mean"), _present(m.running_var, "running_var")
+        momentum = _present(m.momentum, "momentum")
         with torch.no_grad():  # non-trivial running statistics for eval
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
-        rm, rv = m.running_mean.clone(), m.running_var.clone()  # normlib updates its own copies
-        return m, lambda x: nf.batch_norm(x, rm, rv, m.weight, m.bias, training, m.momentum, m.eps)
+            running_mean.uniform_(-0.5, 0.5)
+            running_var.uniform_(0.5, 2.0)
+        rm, rv = running_mean.clone(), running_var.clone()  # normlib updates its own copies
+        return m, lambda x: nf.batch_norm(x, rm, rv, m.weight, m.bias, training, momentum, m.eps)
     return build
 
 
@@ -97,7 +109,8 @@ def _group_norm(g, c):
 def _instance_norm(c):
     def build():
         m = nn.InstanceNorm2d(c, affine=True)
-        return m, lambda x: nf.instance_norm(x, None, None, m.weight, m.bias, True, m.momentum, m.eps)
+        momentum = _present(m.momentum, "momentum")
+        return m, lambda x: nf.instance_norm(x, None, None, m.weight, m.bias, True, momentum, m.eps)
     return build
 
 
@@ -195,14 +208,14 @@ def run_case(case: Case, rounds: int = 7, budget: float = 0.1, compile: bool = T
             if name != "compiled":
                 raise
             notes["compiled"] = f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-    times = {m: {n: [] for n in runs} for m in ("fwd", "fwd+bwd")}
+    times: dict[str, dict[str, list[float]]] = {m: {n: [] for n in runs} for m in ("fwd", "fwd+bwd")}
     for r in range(rounds):
         order = list(runs) if r % 2 == 0 else list(reversed(runs))  # no candidate always goes first
         for mode in times:
             for n in order:
                 run, reps = runs[n][mode]
                 times[mode][n].append(_time(run, reps))
-    out = {
+    out: dict[str, Any] = {
         "case": case.name,
         "shape": list(case.shape),
         "target": case.target,
@@ -255,7 +268,8 @@ def profile(fn: Callable, x: torch.Tensor, params, dy: torch.Tensor, top: int = 
 def _bert(hidden: int = 256, layers: int = 4):
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(
+    # attn_implementation goes to __post_init__'s **kwargs, which dataclass_transform hides from mypy
+    cfg = BertConfig(  # type: ignore[call-arg]
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
         intermediate_size=4 * hidden, vocab_size=1000, max_position_embeddings=256,
         attn_implementation="eager",
@@ -288,7 +302,7 @@ def run_bert(batch: int = 8, seq: int = 128, hidden: int = 256, layers: int = 4,
     n_ln = 0
     for mod in functional.modules():
         if type(mod) is nn.LayerNorm:
-            mod.forward = _FunctionalLayerNorm(mod)
+            mod.forward = _FunctionalLayerNorm(mod)  # type: ignore[method-assign]  # an instance forward, on purpose
             n_ln += 1
     ids = torch.randint(0, 1000, (batch, seq))
     models = {"original": original, "swap_norms": swapped, "functional LayerNorm": functional}
@@ -301,7 +315,7 @@ def run_bert(batch: int = 8, seq: int = 128, hidden: int = 256, layers: int = 4,
 
     runs = {n: step(m) for n, m in models.items()}
     reps = {n: _reps(r, budget) for n, r in runs.items()}
-    times = {n: [] for n in runs}
+    times: dict[str, list[float]] = {n: [] for n in runs}
     for r in range(rounds):
         for n in (list(runs) if r % 2 == 0 else list(reversed(runs))):
             times[n].append(_time(runs[n], reps[n]))

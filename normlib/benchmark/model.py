@@ -34,7 +34,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Optional
+from typing import Any, Iterable, Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +96,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         h = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
         branch = None
-        for blk in self.blocks:
+        for blk in cast("Iterable[TransformerBlock]", self.blocks):  # a ModuleList iterates as plain Modules
             y, h = self._add_norm(branch, h, blk.norm1)
             branch = blk.attn(y, y, y, causal=True)
             y, h = self._add_norm(branch, h, blk.norm2)
@@ -106,7 +106,8 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
 
 
-def _torch_norm(m: nn.Module) -> nn.Module:
+def _torch_norm(m: LayerNorm | RMSNorm) -> nn.Module:
+    t: nn.Module
     if isinstance(m, LayerNorm):
         t = nn.LayerNorm(m.normalized_shape, eps=m.eps, elementwise_affine=m.weight is not None, bias=m.bias is not None)
     else:
@@ -125,6 +126,7 @@ def build(family: str, provider: str, cfg: dict, device: str = "cuda") -> nn.Mod
     else:
         import transformers
 
+        conf: transformers.PreTrainedConfig
         if family == "hf-gpt2":
             conf = transformers.GPT2Config(vocab_size=cfg["vocab"], n_embd=cfg["d_model"], n_layer=cfg["n_layer"],
                                            n_head=cfg["n_head"], n_positions=cfg["seq_len"])
@@ -207,7 +209,9 @@ def run_family(family: str, providers, cfg: dict, *, rounds: int = 6, steps_per_
     g = torch.Generator(device=device).manual_seed(1)
     batches = [(torch.randint(0, vocab, (B, T), device=device, generator=g),
                 torch.randint(0, vocab, (B, T), device=device, generator=g)) for _ in range(loss_steps)]
-    models, opts, rec = {}, {}, {"providers": {}}
+    models: dict[str, Any] = {}
+    opts: dict[str, torch.optim.Optimizer] = {}
+    rec: dict[str, Any] = {"providers": {}}
     for prov in providers:
         t0 = time.perf_counter()
         base = build(family, prov, cfg, device)
@@ -225,7 +229,7 @@ def run_family(family: str, providers, cfg: dict, *, rounds: int = 6, steps_per_
         models[prov], opts[prov] = model, opt
         log(f"{family:12s} {prov:22s} losses {' '.join(f'{x:.4f}' for x in losses)}")
     idx, tgt = batches[0]
-    step_ms = {p: [] for p in providers}
+    step_ms: dict[str, list[float]] = {p: [] for p in providers}
     for r in range(rounds):
         order = list(providers)[r % len(providers):] + list(providers)[: r % len(providers)]
         for prov in order:
@@ -332,7 +336,7 @@ def main(argv=None) -> int:
         env["transformers"] = transformers.__version__
     except ImportError:
         env["transformers"] = None
-    data = {"environment": env, "config": cfg, "autocast": "bfloat16", "optimizer": "AdamW(lr=3e-4, fused=True)",
+    data: dict[str, Any] = {"environment": env, "config": cfg, "autocast": "bfloat16", "optimizer": "AdamW(lr=3e-4, fused=True)",
             "compile_mode": ops.compile_mode(), "families": {}}
     warm_up_gpu()
     for fam in args.families:

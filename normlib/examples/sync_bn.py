@@ -38,7 +38,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -147,7 +147,12 @@ class PerDeviceBatchNorm2d(nn.BatchNorm2d):
             raise ValueError(f"batch of {x.shape[0]} does not split into {self.devices} equal slices")
         if self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
-        momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+        if self.momentum is not None:
+            momentum = self.momentum
+        elif self.num_batches_tracked is not None:
+            momentum = 1.0 / float(self.num_batches_tracked)
+        else:  # momentum=None without running statistics: nothing to average, as in torch
+            momentum = 0.0
         outs = []
         for r, xs in enumerate(x.chunk(self.devices)):  # xs: (N / devices, C, H, W)
             track = r == 0 and self.track_running_stats
@@ -189,11 +194,13 @@ def batches(step: int, global_batch: int, seed: int, dtype: torch.dtype) -> tupl
     return make_data(global_batch, seed=seed * 100_003 + step, dtype=dtype)
 
 
-def sgd_step(params: list[torch.Tensor], buffers: list[torch.Tensor], lr: float, momentum: float = 0.9) -> None:
+def sgd_step(params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor], lr: float, momentum: float = 0.9) -> None:
     """``torch.optim.SGD(lr=lr, momentum=momentum)``'s update, written out:
     ``buf = momentum * buf + grad; p -= lr * buf`` (``buf`` starts at 0)."""
     with torch.no_grad():
         for p, buf in zip(params, buffers):
+            if p.grad is None:
+                raise ValueError("sgd_step: a parameter has no gradient (run backward first)")
             buf.mul_(momentum).add_(p.grad)
             p.sub_(lr * buf)
 

@@ -26,7 +26,7 @@ in plain PyTorch, so they are correct on every device.
 
 # No `from __future__ import annotations` here: torch 2.4-2.5 infer an
 # operator's schema from real annotation objects, not strings.
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -116,7 +116,7 @@ def _fused_norm_op(
     x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float, is_rms: bool,
     out_dtype: Optional[torch.dtype], w_plus_one: bool, round_xhat: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    opts = dict(out_dtype=out_dtype, w_plus_one=w_plus_one, round_xhat=round_xhat)
+    opts: dict[str, Any] = dict(out_dtype=out_dtype, w_plus_one=w_plus_one, round_xhat=round_xhat)
     if _kernels_run_on(x):
         from . import _functions, _kernels
 
@@ -163,7 +163,7 @@ def _fused_norm_backward_op(
     round_xhat: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     args = (dy, dres, normalized, weight, None if is_rms else mean, rstd, is_rms, x_dtype, residual_dtype, bias_dtype)
-    opts = dict(w_plus_one=w_plus_one, round_xhat=round_xhat)
+    opts: dict[str, Any] = dict(w_plus_one=w_plus_one, round_xhat=round_xhat)
     if _kernels_run_on(normalized):
         from . import _functions, _kernels
 

@@ -75,8 +75,8 @@ def resources(arch: int, spec: str, fwd: Optional[dict] = None, bwd: Optional[di
 
     from normlib.ops import _kernels as K
 
-    dt, rdt, kind, n = spec.split(":")
-    rdt = None if rdt == "none" else rdt
+    dt, rdt_name, kind, n = spec.split(":")
+    rdt = None if rdt_name == "none" else rdt_name
     esize = int(_PTR[dt][-2:]) // 8
     ptxas = ptxas_path()
     if ptxas is None:
@@ -100,9 +100,12 @@ def resources(arch: int, spec: str, fwd: Optional[dict] = None, bwd: Optional[di
             arch_flag = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
             report = subprocess.run([ptxas, f"-arch={arch_flag}", "-v", ptx, "-o", os.path.join(tmp, "k.cubin")],
                                     capture_output=True, text=True, check=True).stderr
+        used = re.search(r"Used (\d+) registers", report)
+        if used is None:
+            raise RuntimeError(f"ptxas -v reported no register count for the {name} kernel of {spec}:\n{report}")
         out.append(dict(
             spec=spec, kernel=name, block_n=block_n, num_warps=num_warps, rows=cfg["rows"],
-            registers=int(re.search(r"Used (\d+) registers", report).group(1)),
+            registers=int(used.group(1)),
             shared_bytes=int(compiled.metadata.shared),
             num_stages=cfg.get("num_stages", 1),
             spill_bytes=sum(int(b) for b in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),

@@ -23,7 +23,7 @@ import importlib.util
 import json
 import statistics
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -88,9 +88,11 @@ class Case:
         y, res_out, mean, rstd = saved
         kw = {} if config is None else {"config": config}
         normalized = res_out if res_out is not None else self.x
+        bias_dtype = None if self.b is None else self.b.dtype  # b is None exactly when is_rms
+        residual_dtype = None if self.r is None else self.r.dtype  # r is None exactly without has_res
         return K.norm_bwd(
-            self.dy, self.dres, normalized, self.w, None if self.is_rms else self.b.dtype, mean, rstd,
-            self.is_rms, self.x.dtype, self.r.dtype if self.has_res else None, **kw,
+            self.dy, self.dres, normalized, self.w, bias_dtype, mean, rstd,
+            self.is_rms, self.x.dtype, residual_dtype, **kw,
         )
 
     def gbytes(self, direction: str) -> float:
@@ -190,7 +192,7 @@ def search(
         r["default"] = r["config"] == tunable
     if confirm and best != tunable:
         # time the default and the winner again, alternately: a gain smaller than this spread is noise
-        again = {"default": [], "best": []}
+        again: dict[str, list[float]] = {"default": [], "best": []}
         for _ in range(3):
             for name, cfg in (("default", tunable), ("best", best)):
                 again[name].append(timer(lambda: run(cfg)))
@@ -210,6 +212,8 @@ def copy_gbps(M: int, N: int, dtype: str) -> float:
 
 def _load(path: str):
     spec = importlib.util.spec_from_file_location("normlib_baseline_kernels", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path!r} as a Python module")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -234,7 +238,7 @@ def main(argv=None) -> int:
     warm_up_gpu()
     cases = DEFAULT_CASES if not args.cases else [
         (op, dt, int(m), int(n)) for op, dt, m, n in (c.split(":") for c in args.cases)]
-    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": [], "summary": []}
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": [], "summary": []}
     import triton
 
     out["triton"] = triton.__version__
