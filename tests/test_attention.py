@@ -257,12 +257,16 @@ def test_fully_masked_rows_attend_to_nothing(impl, case):
     assert torch.isfinite(y).all()
     for b, t in empty:  # heads are zero: the output is w_o's bias
         torch.testing.assert_close(y[b, t], ours.w_o.bias.detach().expand(d) + 0 * y[b, t])
-    # the other rows are torch's; torch's SDPA path gives the bias on empty rows too
+    # the other rows are torch's (whose answer on the empty rows depends on its
+    # release: the bias in recent ones, NaN in older ones, so those are checked above)
     attn_mask = masks.get("attn_mask")
     if causal:
         attn_mask = torch.ones(T, S, dtype=torch.bool).tril().logical_not()
     expect, _ = ref(q, kv, kv, key_padding_mask=masks.get("key_padding_mask"), attn_mask=attn_mask, need_weights=False)
-    torch.testing.assert_close(y, expect, rtol=1e-5, atol=1e-5)
+    answered = torch.ones(B, T, dtype=torch.bool)
+    for b, t in empty:
+        answered[b, t] = False
+    torch.testing.assert_close(y[answered], expect[answered], rtol=1e-5, atol=1e-5)
     # no NaN in any gradient, and nothing flows back from an empty row
     g = torch.zeros_like(y)
     for b, t in empty:

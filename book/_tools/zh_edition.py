@@ -1,0 +1,261 @@
+"""The Chinese edition (中文版): the English chapters with translated prose.
+
+    python book/_tools/zh_edition.py build    # assemble _build/zh-src and build it into _build/html/zh
+    python book/_tools/zh_edition.py check    # fail naming every stale or missing translation
+    python book/_tools/zh_edition.py stale    # show each stale cell: its English now and its Chinese
+    python book/_tools/zh_edition.py mark-fresh FILE CELL_ID...   # after updating a translation
+
+One source of code and outputs. A Chinese chapter is its English notebook
+with each markdown cell's text replaced by the translation stored in
+``book/zh/<file>.json``; code cells and their stored outputs are the English
+ones, copied, never re-executed. A markdown page (``intro.md``, ...) is
+replaced whole. Each translation records the SHA-256 of the English text it
+was made from (``en_sha256``): when the English changes, the translation is
+*stale*. ``check`` (run by ``make test``) fails naming every stale or missing
+cell; ``build`` uses the English text for such cells and says so, so the
+Chinese edition never shows an outdated sentence as if it were current.
+
+A translator updating a stale cell: ``stale`` prints the cell's current
+English and the old Chinese; edit the ``zh`` text in the JSON file, then
+``mark-fresh book/zh/<file>.json <cell id>`` stores the new English hash.
+
+The edition is its own Sphinx project under ``_build/zh-src`` (the same
+``_config.yml`` with Chinese titles, ``language: zh_CN`` and Chinese search,
+which segments words with jieba), built into ``_build/html/zh`` so that every
+page has the same path in both editions; ``book/_ext/edition.py`` puts a
+link to the other edition's page on every page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BOOK = ROOT / "book"
+ZH = BOOK / "zh"
+SRC = ROOT / "_build" / "zh-src"
+OUT = ROOT / "_build" / "html" / "zh"
+
+TITLE = "归一化：用可运行的代码读懂深度学习中的归一化层"
+CAPTIONS = {
+    "LayerNorm": "层归一化 LayerNorm",
+    "Going deeper": "深入",
+    "Performance": "性能",
+    "Corrections": "勘误",
+    "Using the library": "使用 normlib",
+    "Back matter": "附录",
+}
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _toc_files() -> list[str]:
+    """Every page of the book, as ``_toc.yml`` lists it (``book/01_layer_norm``)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part.get("chapters", [])]
+    return files
+
+
+def _source(page: str) -> Path:
+    for suffix in (".ipynb", ".md"):
+        p = ROOT / (page + suffix)
+        if p.exists():
+            return p
+    raise FileNotFoundError(f"_toc.yml lists {page!r}, which is neither .ipynb nor .md")
+
+
+def _translation(src: Path) -> dict:
+    """The stored translation of ``src`` (notebook cells from every ``<name>*.json`` part)."""
+    parts = sorted(ZH.glob(src.name + ".json")) + sorted(ZH.glob(src.stem + ".part*.json"))
+    merged: dict = {}
+    for p in parts:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        if "cells" in data:
+            merged.setdefault("cells", {}).update(data["cells"])
+            merged.setdefault("files", {}).update({cid: p for cid in data["cells"]})
+        else:
+            merged.update(data, file=p)
+    return merged
+
+
+def _markdown_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "markdown"]
+
+
+def status() -> list[tuple[str, str, str]]:
+    """``(file, cell id or "", "stale"|"missing")`` for every untranslated piece of prose."""
+    problems = []
+    for page in _toc_files():
+        src = _source(page)
+        rel = src.relative_to(ROOT).as_posix()
+        tr = _translation(src)
+        if src.suffix == ".md":
+            if "zh" not in tr:
+                problems.append((rel, "", "missing"))
+            elif tr.get("en_sha256") != sha256(src.read_text(encoding="utf-8")):
+                problems.append((rel, "", "stale"))
+            continue
+        cells = tr.get("cells", {})
+        for cell in _markdown_cells(nbformat.read(src, as_version=4)):
+            entry = cells.get(cell.id)
+            if entry is None:
+                problems.append((rel, cell.id, "missing"))
+            elif entry.get("en_sha256") != sha256(cell.source):
+                problems.append((rel, cell.id, "stale"))
+    return problems
+
+
+def _config() -> dict:
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    cfg["title"] = TITLE
+    cfg["launch_buttons"] = {}  # the Chinese notebooks are built here, not stored in the repository
+    sphinx = cfg.setdefault("sphinx", {})
+    conf = sphinx.setdefault("config", {})
+    conf["language"] = "zh_CN"
+    conf["html_search_language"] = "zh"
+    sphinx["local_extensions"] = dict(sphinx.get("local_extensions") or {}, edition="book/_ext")
+    conf["normlib_edition"] = "zh"
+    return cfg
+
+
+def build(run_sphinx: bool = True) -> int:
+    if SRC.exists():
+        shutil.rmtree(SRC)
+    (SRC / "book").mkdir(parents=True)
+    fallback = []
+    for page in _toc_files():
+        src = _source(page)
+        tr = _translation(src)
+        dest = SRC / src.relative_to(ROOT)
+        if src.suffix == ".md":
+            text = src.read_text(encoding="utf-8")
+            if tr.get("en_sha256") == sha256(text):
+                text = tr["zh"]
+            else:
+                fallback.append(f"{src.name} (whole page)")
+            dest.write_text(text, encoding="utf-8")
+            continue
+        nb = nbformat.read(src, as_version=4)
+        out = copy.deepcopy(nb)
+        cells = tr.get("cells", {})
+        for cell in _markdown_cells(out):
+            entry = cells.get(cell.id)
+            if entry is not None and entry.get("en_sha256") == sha256(cell.source):
+                cell.source = entry["zh"]
+            else:
+                fallback.append(f"{src.name} cell {cell.id}")
+        out.metadata["language_info"] = nb.metadata.get("language_info", {})
+        nbformat.write(out, dest)
+    # what the build reads besides the pages
+    shutil.copy(BOOK / "references.bib", SRC / "book" / "references.bib")
+    shutil.copytree(BOOK / "_ext", SRC / "book" / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
+    data = BOOK / "data"
+    if data.exists():
+        shutil.copytree(data, SRC / "book" / "data")
+    for extra in ("_static", "_assets"):
+        if (ROOT / extra).exists():
+            shutil.copytree(ROOT / extra, SRC / extra)
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    for part in toc.get("parts", []):
+        part["caption"] = CAPTIONS.get(part["caption"], part["caption"])
+    (SRC / "_toc.yml").write_text(yaml.safe_dump(toc, allow_unicode=True, sort_keys=False))
+    (SRC / "_config.yml").write_text(yaml.safe_dump(_config(), allow_unicode=True, sort_keys=False))
+    if fallback:
+        print(f"zh edition: {len(fallback)} piece(s) of prose stale or untranslated, shown in English:")
+        for f in fallback:
+            print("  " + f)
+    if not run_sphinx:
+        return 0
+    jb = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(jb), "build", str(SRC), "--warningiserror", "--nitpick", "--keep-going"]
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        return rc
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    shutil.copytree(SRC / "_build" / "html", OUT)
+    print(f"The Chinese edition is built. Open: file://{OUT}/index.html")
+    return 0
+
+
+def check() -> int:
+    problems = status()
+    for rel, cell, what in problems:
+        print(f"{rel}{' cell ' + cell if cell else ''}: translation {what}")
+    if problems:
+        print(f"{len(problems)} stale or missing translation(s); "
+              "`python book/_tools/zh_edition.py stale` shows them (README, 'The Chinese edition')")
+        return 1
+    print("zh edition: every translation is up to date")
+    return 0
+
+
+def show_stale() -> int:
+    for rel, cell_id, what in status():
+        src = ROOT / rel
+        print(f"=== {rel}{' cell ' + cell_id if cell_id else ''} ({what})")
+        tr = _translation(src)
+        if cell_id:
+            cell = next(c for c in _markdown_cells(nbformat.read(src, as_version=4)) if c.id == cell_id)
+            print("--- English now:\n" + cell.source)
+            old = tr.get("cells", {}).get(cell_id)
+            print("--- Chinese (made from an older English):\n" + (old["zh"] if old else "(none)"))
+        else:
+            print("(a whole page: compare book/" + src.name + " with its translation)")
+    return 0
+
+
+def mark_fresh(file: str, cell_ids: list[str]) -> int:
+    path = Path(file)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    src = ROOT / data["source"]
+    if "cells" not in data:
+        data["en_sha256"] = sha256(src.read_text(encoding="utf-8"))
+    else:
+        english = {c.id: c.source for c in _markdown_cells(nbformat.read(src, as_version=4))}
+        for cid in cell_ids:
+            if cid not in data["cells"]:
+                raise SystemExit(f"cell {cid!r}: not in {file} (add its translation first)")
+            if cid not in english:
+                raise SystemExit(f"cell {cid!r}: not a markdown cell of {data['source']}")
+            data["cells"][cid]["en_sha256"] = sha256(english[cid])
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--no-sphinx", action="store_true", help="assemble _build/zh-src only")
+    sub.add_parser("check")
+    sub.add_parser("stale")
+    m = sub.add_parser("mark-fresh")
+    m.add_argument("file")
+    m.add_argument("cell_ids", nargs="*")
+    args = parser.parse_args()
+    if args.command == "build":
+        return build(not args.no_sphinx)
+    if args.command == "check":
+        return check()
+    if args.command == "stale":
+        return show_stale()
+    return mark_fresh(args.file, args.cell_ids)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
