@@ -22,12 +22,13 @@ NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-tim
 JUPYTERLAB := jupyterlab>=4,<5
 LAB_STAMP := $(VENV)/.lab-installed
 
-.PHONY: help install book test test-lib test-notebooks test-site test-cuda notebooks setup-cells lab clean
+.PHONY: help install book test test-lib test-notebooks test-site test-cuda test-torch-matrix notebooks setup-cells lab clean
 
 help:
-	@echo "make book       build the book into _build/html (sets up $(VENV) first)"
+	@echo "make book       build the book, English and Chinese, into _build/html (sets up $(VENV) first)"
 	@echo "make test       run every test (sets up $(VENV) first)"
 	@echo "make test-cuda  on a CUDA machine: the compiled kernels at realistic shapes"
+	@echo "make test-torch-matrix  the library tests on the other torch releases (CI runs it; ~15 GB of venvs)"
 	@echo "make notebooks  re-execute the chapters in place, storing fresh outputs"
 	@echo "make lab        open the chapters in JupyterLab with this environment (installs JupyterLab)"
 	@echo "make setup-cells  give every chapter its set-up cell (then: make notebooks)"
@@ -53,16 +54,27 @@ $(MATHJAX): $(MATHJAX_SRC)/tex-mml-chtml.js
 	cp -r $(MATHJAX_SRC)/output/chtml/fonts/woff-v2 _assets/mathjax/output/chtml/fonts/
 	cp -r $(MATHJAX_SRC)/input/tex/extensions _assets/mathjax/input/tex/
 
+# Both editions: the English book into _build/html, then the Chinese edition
+# (the same chapters with translated prose, book/zh/) into _build/html/zh.
 book: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
+	$(BIN)/python book/_tools/zh_edition.py build
 	@echo
-	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html"
+	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html (中文版: _build/html/zh/index.html)"
 	@test -n "$$NORMLIB_REPOSITORY_URL" || echo "(NORMLIB_REPOSITORY_URL is not set: no repository or launch buttons; see the README)"
 
 test: test-lib test-notebooks test-site
 
 test-lib: $(STAMP)
 	$(BIN)/python -m pytest tests -n 2
+	$(BIN)/python -m pytest --doctest-modules normlib -p no:cacheprovider -q
+	$(BIN)/python -m mypy
+
+# The library tests on the lowest torch pyproject.toml allows, on 2.11 and on the
+# newest release, each in its own venv under .venv-torch/ (the pin is test-lib's).
+test-torch-matrix: $(STAMP)
+	$(BIN)/python .ci/torch_matrix.py setup
+	$(BIN)/python .ci/torch_matrix.py run
 
 # Every chapter twice: once as this machine runs it, once as another CPU would.
 # ATen picks its vector kernels by CPU (AVX-512 on many Intel machines, AVX2 on
@@ -111,4 +123,4 @@ lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=book
 
 clean:
-	rm -rf _build _assets
+	rm -rf _build _assets .venv-torch

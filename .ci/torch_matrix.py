@@ -1,0 +1,158 @@
+"""The library tests on every torch the package claims: the lowest, 2.11, the pin, the newest.
+
+    python .ci/torch_matrix.py setup     # one venv per release under .venv-torch/ (downloads)
+    python .ci/torch_matrix.py run       # the library tests in each; a table of the results
+
+``make test`` already runs everything on the pin (constraints.txt); this adds
+the other releases, each in its own venv holding only torch (with the Triton
+and numpy it needs) and the test tools, with this checkout on ``PYTHONPATH``
+so pip never swaps torch. Releases other than the pin come from PyPI as CUDA
+builds (about 4.7 GB each; they run on CPU), so ``setup`` installs them in
+parallel and is started early by ``.ci/run``, while other tests run.
+
+The tests are the library's (no notebooks, no site); those that need
+transformers or accelerate skip, as they are not installed here. ``run``
+prints one row per release: passed / failed / skipped for the whole suite,
+and separately for torch.compile and torch.export, and writes the same table
+to ``_build/torch-matrix.md``. It fails if any release fails a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVS = ROOT / ".venv-torch"
+
+# The releases and what each needs beside torch. The lowest is pyproject's
+# floor (a test below keeps the two equal); numpy < 2.4 for the Triton 3.6
+# that torch 2.11 brings (its interpreter fails on numpy 2.4's scalars).
+RELEASES = {
+    "2.6.0": ["numpy<2.4"],
+    "2.11.0": ["numpy<2.4"],
+    "2.15.0": [],
+}
+TEST_TOOLS = ["pytest>=7.4", "pytest-xdist>=3.3", "hypothesis>=6.80"]
+# Not the library's tests: the notebooks and the built site (make test runs them).
+IGNORE = ["tests/test_book.py", "tests/test_site.py", "tests/test_zh_edition.py"]
+GROUPS = {
+    "compile": re.compile(r"compile|inductor|dynamo", re.I),
+    "export": re.compile(r"export", re.I),
+}
+
+
+def _python(version: str) -> Path:
+    return ENVS / version / "bin" / "python"
+
+
+def _setup_one(version: str) -> str:
+    env = ENVS / version
+    stamp = env / ".installed"
+    if stamp.exists():
+        return f"torch {version}: ready"
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+    log = env.parent / f"{version}.log"
+    with open(log, "w") as out:
+        subprocess.run(
+            [str(_python(version)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             f"torch=={version}", *RELEASES[version], *TEST_TOOLS],
+            check=True, stdout=out, stderr=subprocess.STDOUT,
+        )
+    stamp.touch()
+    return f"torch {version}: installed in {time.monotonic() - t0:.0f} s"
+
+
+def setup(versions: list[str]) -> int:
+    ENVS.mkdir(exist_ok=True)
+    failed = 0
+    with concurrent.futures.ThreadPoolExecutor(len(versions)) as pool:
+        futures = {pool.submit(_setup_one, v): v for v in versions}
+        for f in concurrent.futures.as_completed(futures):
+            try:
+                print(f.result(), flush=True)
+            except subprocess.CalledProcessError:
+                failed += 1
+                print(f"torch {futures[f]}: install FAILED (see {ENVS / (futures[f] + '.log')})", flush=True)
+    return 1 if failed else 0
+
+
+def _counts(cases: list[ET.Element]) -> dict[str, int]:
+    c = {"passed": 0, "failed": 0, "skipped": 0}
+    for case in cases:
+        if case.find("failure") is not None or case.find("error") is not None:
+            c["failed"] += 1
+        elif case.find("skipped") is not None:
+            c["skipped"] += 1
+        else:
+            c["passed"] += 1
+    return c
+
+
+def _cell(c: dict[str, int]) -> str:
+    if not any(c.values()):
+        return "—"
+    verdict = "pass" if c["failed"] == 0 else f"**{c['failed']} failed**"
+    return f"{verdict} ({c['passed']} passed, {c['skipped']} skipped)"
+
+
+def run(versions: list[str], workers: str) -> int:
+    out_dir = ROOT / "_build"
+    out_dir.mkdir(exist_ok=True)
+    rows, status = [], 0
+    for version in versions:
+        py = _python(version)
+        if not (ENVS / version / ".installed").exists():
+            print(f"torch {version}: no venv (run `python .ci/torch_matrix.py setup` first)", flush=True)
+            return 2
+        xml = out_dir / f"torch-matrix-{version}.xml"
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("PYTHONHOME", None)
+        cmd = [str(py), "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-n", workers,
+               f"--junitxml={xml}", "--tb=short", *(f"--ignore={p}" for p in IGNORE)]
+        print(f"\n== torch {version}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.monotonic()
+        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        seconds = time.monotonic() - t0
+        cases = list(ET.parse(xml).getroot().iter("testcase")) if xml.exists() else []
+        version_seen = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
+                                      capture_output=True, text=True).stdout.strip()
+        row = [version_seen or version, _cell(_counts(cases))]
+        for pattern in GROUPS.values():
+            row.append(_cell(_counts([c for c in cases if pattern.search(c.get("classname", "") + "." + c.get("name", ""))])))
+        row.append(f"{seconds:.0f} s")
+        rows.append(row)
+        if rc != 0:
+            status = 1
+    table = ["| torch | library tests | compile | export | time |", "|---|---|---|---|---|"]
+    table += ["| " + " | ".join(r) + " |" for r in rows]
+    text = "\n".join(table) + "\n"
+    (out_dir / "torch-matrix.md").write_text(text)
+    print("\n" + text, flush=True)
+    return status
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["setup", "run"])
+    parser.add_argument("--torch", nargs="*", default=list(RELEASES), help="releases (default: all)")
+    parser.add_argument("-n", default="2", help="pytest-xdist workers for `run`")
+    args = parser.parse_args()
+    unknown = [v for v in args.torch if v not in RELEASES]
+    if unknown:
+        parser.error(f"--torch: not in the matrix: {unknown} (known: {list(RELEASES)})")
+    if args.command == "setup":
+        return setup(args.torch)
+    return run(args.torch, args.n)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
