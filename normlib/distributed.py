@@ -28,12 +28,12 @@ and never by normalizing with another step's batch:
   raising alone (which would leave the others waiting), sends a status with
   its statistics; if any rank's input is bad, every rank raises at the same
   step, the bad rank with its own ``TypeError``/``ValueError`` and the others
-  with a :class:`SyncBatchNormError` naming that rank and what was wrong;
+  with a :class:`~normlib.distributed.SyncBatchNormError` naming that rank and what was wrong;
 * each rank sends its step count of the layer too: ranks that drifted apart
   (one skipped a forward and went on) raise instead of mixing two steps;
 * every collective waits at most ``timeout`` seconds (default 60): a rank that
   never arrives (it runs the layer in ``eval()`` mode, or stopped before it)
-  makes the others raise a :class:`SyncBatchNormError` that names the ranks
+  makes the others raise a :class:`~normlib.distributed.SyncBatchNormError` that names the ranks
   missing and, where they recorded it, why (a rank records in the process
   group's store when its layer switches between training and evaluation);
 * the first synchronised forward of each layer adds one small ``all_gather``
@@ -546,7 +546,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
             (default: all of them, ``torch.distributed.group.WORLD``).
         bias: (keyword-only) learn β too, when ``affine``.
         timeout: (keyword-only) seconds each collective may wait for the other
-            ranks before every waiting rank raises a :class:`SyncBatchNormError`
+            ranks before every waiting rank raises a :class:`~normlib.distributed.SyncBatchNormError`
             (default 60).
 
     Shape:

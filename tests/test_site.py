@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import nbformat
 import pytest
 from bs4 import BeautifulSoup
 
@@ -125,6 +126,25 @@ def _page_url(page):
 def test_there_are_pages(site):
     assert "index.html" in PAGES and "search.html" in PAGES
     assert sum(p.startswith("book/0") for p in PAGES) >= 7
+    # the Chinese edition (book/_tools/zh_edition.py): the same pages under zh/
+    english = {p for p in PAGES if p.startswith("book/")}
+    assert english and english <= {p.removeprefix("zh/") for p in PAGES if p.startswith("zh/book/")}
+
+
+def _edition_link(path: Path):
+    soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+    return soup.select("p.edition-switch a[href]")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "book/" in p])
+def test_every_page_links_to_itself_in_the_other_edition(site, page):
+    links = _edition_link(ROOT / page)
+    assert len(links) == 1, f"{page}: {len(links)} links to the other edition"
+    target = ((ROOT / page).parent / links[0]["href"]).resolve().relative_to(ROOT).as_posix()
+    other = page.removeprefix("zh/") if page.startswith("zh/") else "zh/" + page
+    assert target == other, f"{page}: the edition link goes to {target}, not {other}"
+    lang = BeautifulSoup((ROOT / page).read_text(encoding="utf-8"), "html.parser").html.get("lang", "")
+    assert lang.startswith("zh") == page.startswith("zh/"), f"{page}: <html lang={lang!r}>"
 
 
 @pytest.mark.browser
@@ -189,16 +209,30 @@ def test_internal_links_resolve(site, page):
     assert not bad, f"{page}: broken internal links {bad[:10]}"
 
 
-@pytest.mark.browser
-def test_search_finds_layernorm(driver):
+def _search(driver, page, query):
+    from urllib.parse import quote
+
     from selenium.webdriver.support.ui import WebDriverWait
 
-    _load(driver, _page_url("search.html") + "?q=LayerNorm")
+    _load(driver, _page_url(page) + "?q=" + quote(query))
     WebDriverWait(driver, 30).until(
         lambda d: d.execute_script("return document.querySelectorAll('#search-results li').length") > 0
     )
-    hits = driver.execute_script("return Array.from(document.querySelectorAll('#search-results li a')).map(a => a.textContent)")
+    return driver.execute_script("return Array.from(document.querySelectorAll('#search-results li a')).map(a => a.textContent)")
+
+
+@pytest.mark.browser
+def test_search_finds_layernorm(driver):
+    hits = _search(driver, "search.html", "LayerNorm")
     assert any("LayerNorm" in h or "Layer normalization" in h for h in hits), hits[:10]
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("word", ["层归一化", "勘误", "滑动平均"])
+def test_chinese_search_finds_chinese_words(driver, word):
+    """The Chinese edition's index is segmented into words (jieba), so a word finds its pages."""
+    hits = _search(driver, "zh/search.html", word)
+    assert len(hits) >= 1, word
 
 
 def _external_links(path: Path):
@@ -231,8 +265,26 @@ def test_links_outside_the_build_are_the_repositorys_or_references(site, page):
     )
 
 
+def test_chinese_chapters_download_as_notebooks_with_chinese_prose(site):
+    chapters = sorted(p for p in PAGES if re.match(r"zh/book/0\d[a-z]?_.*\.html$", p))
+    assert len(chapters) >= 10
+    for page in chapters:
+        name = Path(page).stem
+        html = (ROOT / page).read_text(encoding="utf-8")
+        assert f"_sources/book/{name}.ipynb" in html, f"{page}: no download button"
+        nb = nbformat.read(ROOT / "zh" / "_sources" / "book" / f"{name}.ipynb", as_version=4)
+        english = nbformat.read(ROOT / "_sources" / "book" / f"{name}.ipynb", as_version=4)
+        prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        assert len(re.findall(r"[\u4e00-\u9fff]", prose)) > 500, f"{page}: the downloaded notebook's prose is not Chinese"
+        # the same code cells, in the same order, with the same stored outputs
+        code = [(c.source, c.get("outputs")) for c in nb.cells if c.cell_type == "code"]
+        assert code == [(c.source, c.get("outputs")) for c in english.cells if c.cell_type == "code"], page
+        # launch buttons would open the English notebook: the Chinese edition has none
+        assert not [u for u in _external_links(ROOT / page) if u.startswith(LAUNCHERS)], page
+
+
 def test_notebook_pages_offer_download_and_launch_buttons(site):
-    chapters = sorted(p for p in PAGES if re.match(r"book/0\d_.*\.html$", p))
+    chapters = sorted(p for p in PAGES if re.match(r"book/0\d[a-z]?_.*\.html$", p))
     assert chapters
     for page in chapters:
         name = Path(page).stem

@@ -166,6 +166,7 @@ def build(run_sphinx: bool = True) -> int:
     data = BOOK / "data"
     if data.exists():
         shutil.copytree(data, SRC / "book" / "data")
+    (SRC / "normlib").symlink_to(ROOT / "normlib", target_is_directory=True)  # for {literalinclude}
     for extra in ("_static", "_assets"):
         if (ROOT / extra).exists():
             shutil.copytree(ROOT / extra, SRC / extra)

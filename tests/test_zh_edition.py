@@ -1,0 +1,127 @@
+"""The Chinese edition's translations: current, complete, faithful in form, and in the glossary's terms.
+
+The translations live in book/zh/ (book/_tools/zh_edition.py explains the
+format); these tests read them and the English sources, and need no build.
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "book" / "_tools"))
+import zh_edition as zh  # noqa: E402
+
+SEEDS = ROOT.parent / "shared" / "seeds"
+
+
+def _notebooks():
+    return [zh._source(p) for p in zh._toc_files() if zh._source(p).suffix == ".ipynb"]
+
+
+def _pairs(src):
+    """``(cell id, English, Chinese)`` for every translated markdown cell of ``src``."""
+    cells = zh._translation(src).get("cells", {})
+    for cell in zh._markdown_cells(nbformat.read(src, as_version=4)):
+        if cell.id in cells:
+            yield cell.id, cell.source, cells[cell.id]["zh"]
+
+
+def test_every_translation_is_current():
+    problems = zh.status()
+    assert not problems, (
+        "stale or missing translations (python book/_tools/zh_edition.py stale shows them):\n"
+        + "\n".join(f"  {f}{' cell ' + c if c else ''}: {what}" for f, c, what in problems)
+    )
+
+
+def test_translation_files_name_their_source_and_only_its_cells():
+    for path in sorted((ROOT / "book" / "zh").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        src = ROOT / data["source"]
+        assert src.exists(), f"{path.name}: source {data['source']} does not exist"
+        if "cells" in data:
+            ids = {c.id for c in zh._markdown_cells(nbformat.read(src, as_version=4))}
+            extra = set(data["cells"]) - ids
+            assert not extra, f"{path.name}: cells that are not markdown cells of {src.name}: {sorted(extra)}"
+
+
+_LABEL = re.compile(r"^\(([\w-]+)\)=", re.M)
+_ROLE_TARGET = re.compile(r"\{(ref|doc|numref|cite|eq)\}`(?:[^`<]*<)?([^`>]+)>?`")
+_DIRECTIVE = re.compile(r"^\s*(:::+|```+)\s*\{([\w-]+)\}", re.M)
+_OPTION_LABEL = re.compile(r"^:label:\s*(\S+)", re.M)
+
+
+def _form(text):
+    return (
+        sorted(_LABEL.findall(text)),
+        sorted(set(_ROLE_TARGET.findall(text))),
+        [d for _, d in _DIRECTIVE.findall(text)],
+        sorted(_OPTION_LABEL.findall(text)),
+        len(re.findall(r"^#+ ", text, re.M)),
+    )
+
+
+@pytest.mark.parametrize("src", _notebooks(), ids=lambda p: p.stem)
+def test_translations_keep_labels_links_directives_and_headings(src):
+    for cid, en, tr in _pairs(src):
+        assert _form(tr) == _form(en), f"{src.name} cell {cid}: labels, link targets, directives or headings differ"
+
+
+def _visible(text):
+    """The text a reader sees: a ``{term}`` role shows its title, or its target when it has none."""
+    return re.sub(r"\{term\}`(?:([^`<]*?)\s*<[^`>]*>|([^`]*))`", lambda m: m.group(1) or m.group(2), text)
+
+
+def _glossary():
+    """``{English head: [its Chinese names]}`` from book/glossary.md."""
+    text = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
+    block = text.split("```{glossary}")[1].split("```")[0]
+    terms = {}
+    for head in (line for line in block.splitlines() if line and not line.startswith(" ")):
+        m = re.search(r"\((.*)\)\s*$", head)
+        names = re.findall(r"[\u4e00-\u9fff][\u4e00-\u9fff·]*", m.group(1)) if m else []
+        if names:
+            terms[head] = names
+    return terms
+
+
+def test_glossary_gives_every_term_a_chinese_name():
+    assert len(_glossary()) >= 40
+
+
+@pytest.mark.parametrize("src", _notebooks(), ids=lambda p: p.stem)
+def test_chinese_chapters_use_the_glossarys_terms(src):
+    """Every term a chapter links to the glossary appears in its Chinese text under the glossary's name."""
+    pairs = list(_pairs(src))
+    english = " ".join(en for _, en, _ in pairs)
+    chinese = " ".join(_visible(tr) for _, _, tr in pairs)
+    missing = []
+    for head, names in _glossary().items():
+        if re.search(r"\{term\}`[^`]*" + re.escape(head.split(" (")[0]), english):
+            if not any(n in chinese for n in names):
+                missing.append(f"{head} -> {names}")
+    assert not missing, f"{src.name}: glossary terms the Chinese text never uses: {missing}"
+
+
+def _normalise(text):
+    return re.sub(r"[\s$\\{}]", "", text).replace("，", ",").replace("：", ":").replace("（", "(").replace("）", ")")
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason="the source articles (../shared/seeds) are not beside this checkout")
+def test_chinese_errata_quote_the_articles_own_words():
+    seeds = _normalise("".join(p.read_text(encoding="utf-8") for p in sorted(SEEDS.glob("0*.txt"))))
+    src = ROOT / "book" / "08_errata.ipynb"
+    quotes = [(cid, q) for cid, _, tr in _pairs(src) for q in re.findall(r"「([^」]+)」", tr)]
+    assert len(quotes) > 40
+    # the scraped articles garble their formulas, so a quote's math is left out of
+    # the comparison and every piece of its words must be in an article
+    missing = [
+        (cid, q) for cid, q in quotes
+        if not all(part in seeds for text in re.split(r"\$[^$]*\$", q) for part in _normalise(text).split("…") if part)
+    ]
+    assert not missing, "quotes not found in the articles:\n" + "\n".join(f"  {c}: 「{q}」" for c, q in missing)
