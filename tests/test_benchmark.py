@@ -88,7 +88,7 @@ def test_targets_are_judged_from_the_ratios():
 @pytest.mark.interpreter
 @pytest.mark.skipif(not ops.HAS_TRITON or os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
 def test_machinery_end_to_end_on_cpu(tmp_path, monkeypatch):
-    import matplotlib
+    matplotlib = pytest.importorskip("matplotlib")
 
     matplotlib.use("Agg")
     monkeypatch.setattr(benchmark, "COMPILE_BACKEND", "aot_eager")

@@ -57,6 +57,7 @@ def test_profile_lists_shares_of_the_time():
 
 
 def test_run_bert_tiny():
+    pytest.importorskip("transformers")
     rec = cpu.run_bert(batch=2, seq=8, hidden=32, layers=1, rounds=2, budget=0.001)
     assert rec["same_gradients"]
     assert rec["layer_norms"] == 3 and rec["swap_norms_swapped"] == 3  # embeddings + 2 per layer
@@ -64,6 +65,7 @@ def test_run_bert_tiny():
 
 
 def test_command_line(tmp_path):
+    pytest.importorskip("matplotlib")  # for --plot
     out, fig = tmp_path / "cpu.json", tmp_path / "cpu.svg"
     cmd = [
         sys.executable, "-m", "normlib.benchmark", "--device", "cpu", "--cases", "RMSNorm(768)",
