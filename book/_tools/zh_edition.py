@@ -32,6 +32,7 @@ import argparse
 import copy
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -119,14 +120,34 @@ def status() -> list[tuple[str, str, str]]:
     return problems
 
 
+# Words the search index must keep whole besides the glossary's (jieba would
+# split 核函数 into 核 + 函数, and a one-character word is not indexed).
+SEARCH_WORDS = ["核函数", "滑动平均统计量", "滑动均值", "滑动方差", "小批量", "批次", "勘误", "归一化"]
+
+
+def _search_dictionary() -> Path:
+    """A jieba user dictionary: the glossary's Chinese terms and SEARCH_WORDS, one per line."""
+    text = (BOOK / "glossary.md").read_text(encoding="utf-8")
+    words = set(SEARCH_WORDS)
+    for head in re.findall(r"^(\S.*\(.*\))\s*$", text.split("```{glossary}")[1], re.M):
+        words.update(re.findall(r"[\u4e00-\u9fff][\u4e00-\u9fff·]+", head.rsplit("(", 1)[1]))
+    path = SRC / "search_words.txt"
+    path.write_text("".join(f"{w} 100000 n\n" for w in sorted(words)), encoding="utf-8")
+    return path
+
+
 def _config() -> dict:
     cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
     cfg["title"] = TITLE
+    cfg["author"] = "normlib 的作者们"
     cfg["launch_buttons"] = {}  # the Chinese notebooks are built here, not stored in the repository
     sphinx = cfg.setdefault("sphinx", {})
     conf = sphinx.setdefault("config", {})
     conf["language"] = "zh_CN"
     conf["html_search_language"] = "zh"
+    conf["html_search_options"] = {"dict": str(_search_dictionary())}
+    conf["togglebutton_hint"] = "点击显示"
+    conf["togglebutton_hint_hide"] = "点击隐藏"
     sphinx["local_extensions"] = dict(sphinx.get("local_extensions") or {}, edition="book/_ext")
     conf["normlib_edition"] = "zh"
     return cfg
