@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import torch
 from torch import nn
 

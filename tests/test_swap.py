@@ -229,7 +229,11 @@ def test_compile_fullgraph_of_a_swapped_model(name):
     else:
         inputs.pop("labels")  # transformers' loss function logs a warning, which dynamo cannot trace
     eager = original(**inputs).logits
-    a = torch.compile(original, fullgraph=True, backend="eager")(**inputs).logits
+    try:
+        a = torch.compile(original, fullgraph=True, backend="eager")(**inputs).logits
+    except torch._dynamo.exc.Unsupported as e:  # nothing to compare the swapped model with
+        pytest.skip(f"the original {name} model does not compile with fullgraph=True on torch {torch.__version__}: "
+                    f"{str(e).splitlines()[0]}")
     b = torch.compile(model, fullgraph=True, backend="eager")(**inputs).logits
     assert torch.equal(a, b) and torch.equal(b, eager)
     original.zero_grad()
