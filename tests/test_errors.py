@@ -183,12 +183,17 @@ def test_instance_norm_with_no_spatial_elements_leaves_the_running_statistics_al
 
 
 def test_zero_channels_give_an_empty_result_as_in_torch():
+    """An empty result, as torch up to 2.14 gives (2.15's group_norm refuses zero channels instead)."""
     for call_ours, call_torch in (
         (lambda t: F.instance_norm(t), torch.nn.functional.instance_norm),
         (lambda t: F.group_norm(t, 1), lambda t: torch.nn.functional.group_norm(t, 1)),
     ):
         t = torch.randn(2, 0, 5)
-        assert call_ours(t).shape == call_torch(t).shape == (2, 0, 5)
+        assert call_ours(t).shape == (2, 0, 5)
+        try:
+            assert call_torch(t).shape == (2, 0, 5)
+        except RuntimeError as e:  # newer torch: a clear refusal, also an answer
+            assert "channels" in str(e)
 
 
 HUGE = torch.tensor([[2e19, -2e19, 1e19, 0.0, 3e18, -5e18]])

@@ -32,7 +32,9 @@ CHROMEDRIVER = shutil.which("chromedriver")
 
 ROOT = Path(SITE).resolve() if SITE else None
 PAGES = (
-    sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.html") if not p.relative_to(ROOT).parts[0].startswith("_"))
+    # the pages of both editions (zh/ holds the Chinese one), not the theme's files under _static/
+    sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.html")
+           if not any(part.startswith("_") for part in p.relative_to(ROOT).parts))
     if ROOT and ROOT.is_dir()
     else []
 )
