@@ -43,13 +43,14 @@ def _floor() -> str:
 
 
 # The releases and what each needs beside torch: the lowest allowed, the CUDA
-# images' 2.11, and the newest (the pin is make test's). numpy < 2.4 for the
-# older Tritons (3.6, which torch 2.11 brings, fails in its interpreter on
-# numpy 2.4's scalars).
+# images' 2.11, and the newest (the pin is make test's). numpy always (torch
+# does not require it, but Triton's interpreter and torch's opcheck do); below
+# 2.4 for the older Tritons (3.6, which torch 2.11 brings, fails in its
+# interpreter on numpy 2.4's scalars).
 RELEASES = {
     _floor(): ["numpy<2.4"],
     "2.11.0": ["numpy<2.4"],
-    "2.15.0": [],
+    "2.15.0": ["numpy"],
 }
 TEST_TOOLS = ["pytest>=7.4", "pytest-xdist>=3.3", "hypothesis>=6.80"]
 # Not the library's tests: the notebooks, the built site and the translations (make test runs them).
