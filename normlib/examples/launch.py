@@ -61,7 +61,22 @@ def _child(
         torch.save(result, path + ".tmp")
         os.replace(path + ".tmp", path)
     finally:
+        _all_done(store, world_size, min(timeout, 30.0))
         dist.destroy_process_group()
+
+
+def _all_done(store: dist.Store, world_size: int, seconds: float) -> None:
+    """Wait, at most ``seconds``, until every rank has finished its work.
+
+    A rank that tears its process group down while a peer is still talking to
+    it can make gloo abort the peer ("terminate called without an active
+    exception"). The rendezvous goes through the store, not a collective, so
+    it works even after a collective of the group failed or timed out.
+    """
+    store.add("normlib_launch_done", 1)
+    deadline = time.monotonic() + seconds
+    while store.add("normlib_launch_done", 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def spawn(
