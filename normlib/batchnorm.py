@@ -86,6 +86,24 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
+    def _batch_norm(self, input: Tensor) -> Tensor:
+        """This layer's BatchNorm of ``input`` on this process, counting the step."""
+        momentum = self._momentum_for_this_step()
+        # Batch statistics in training, and in eval too when no running statistics exist.
+        use_batch_stats = self.training or self.running_mean is None
+        # Record into the running statistics only while training.
+        track = self.training and self.track_running_stats
+        return F.batch_norm(
+            input,
+            self.running_mean if track or not use_batch_stats else None,
+            self.running_var if track or not use_batch_stats else None,
+            self.weight,
+            self.bias,
+            use_batch_stats,
+            momentum,
+            self.eps,
+        )
+
     def _momentum_for_this_step(self) -> float:
         """Count the batch and return the weight it gets in the running average.
 
@@ -122,21 +140,7 @@ class _BatchNorm(_NormBase, _tbn._BatchNorm):
 
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
-        momentum = self._momentum_for_this_step()
-        # Batch statistics in training, and in eval too when no running statistics exist.
-        use_batch_stats = self.training or self.running_mean is None
-        # Record into the running statistics only while training.
-        track = self.training and self.track_running_stats
-        return F.batch_norm(
-            input,
-            self.running_mean if track or not use_batch_stats else None,
-            self.running_var if track or not use_batch_stats else None,
-            self.weight,
-            self.bias,
-            use_batch_stats,
-            momentum,
-            self.eps,
-        )
+        return self._batch_norm(input)
 
 
 class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):

@@ -636,19 +636,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
             self._note_mode(group)
         if group is None or not self.training:
             self._check_input(input)
-            momentum = self._momentum_for_this_step()
-            use_batch_stats = self.training or self.running_mean is None
-            track = self.training and self.track_running_stats
-            return F.batch_norm(
-                input,
-                self.running_mean if track or not use_batch_stats else None,
-                self.running_var if track or not use_batch_stats else None,
-                self.weight,
-                self.bias,
-                use_batch_stats,
-                momentum,
-                self.eps,
-            )
+            return self._batch_norm(input)
         # Training in a group: find out what is wrong with this rank's input, but tell the
         # others in the collective instead of raising alone (which would leave them waiting).
         error: Optional[BaseException] = None
