@@ -7,8 +7,10 @@
 the other releases, each in its own venv holding only torch (with the Triton
 and numpy it needs) and the test tools, with this checkout on ``PYTHONPATH``
 so pip never swaps torch. Releases other than the pin come from PyPI as CUDA
-builds (about 4.7 GB each; they run on CPU), so ``setup`` installs them in
-parallel and is started early by ``.ci/run``, while other tests run.
+builds (5 to 7 GB each; they run on CPU): ``setup`` installs them one after
+another, retrying a broken download, and ``.ci/run`` starts it first, so that
+the downloads overlap the pin's tests, then runs them on one worker beside the
+notebooks and the site checks, which leave one of CI's two cores idle.
 
 The tests are the library's CORE (see below; ``--all`` for every one), run
 with this checkout on ``PYTHONPATH``. ``run``
@@ -20,9 +22,9 @@ to ``_build/torch-matrix.md``. It fails if any release fails a test.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -84,35 +86,72 @@ def _python(version: str) -> Path:
     return ENVS / version / "bin" / "python"
 
 
+# A release's venv is about 5-7 GB; pip also needs room for the wheels it
+# downloads (kept in a cache of the matrix's own, removed once installed).
+NEEDS_GB = 10
+ATTEMPTS = 3
+
+
+def _free_gb() -> float:
+    return shutil.disk_usage(ENVS).free / 2**30
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join("    " + line for line in path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "    (no log)"
+
+
 def _setup_one(version: str) -> str:
+    """One release's venv: up to ATTEMPTS tries (a multi-GB download can break off), each logged."""
     env = ENVS / version
     stamp = env / ".installed"
     if stamp.exists():
         return f"torch {version}: ready"
+    log = ENVS / f"{version}.log"
+    cache = ENVS / "pip-cache"
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
-    log = env.parent / f"{version}.log"
-    with open(log, "w") as out:
-        subprocess.run(
-            [str(_python(version)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             f"torch=={version}", *RELEASES[version], *TEST_TOOLS],
-            check=True, stdout=out, stderr=subprocess.STDOUT,
-        )
-    stamp.touch()
-    return f"torch {version}: installed in {time.monotonic() - t0:.0f} s"
+    for attempt in range(1, ATTEMPTS + 1):
+        if _free_gb() < NEEDS_GB:
+            raise SetupError(f"torch {version}: only {_free_gb():.1f} GB free on {ENVS}, a release needs about "
+                             f"{NEEDS_GB} GB (venv and downloads); free some space or run fewer releases (--torch)")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+        with open(log, "a") as out:
+            out.write(f"== attempt {attempt} ({_free_gb():.1f} GB free)\n")
+            out.flush()
+            rc = subprocess.run(
+                [str(_python(version)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                 "--cache-dir", str(cache), "--timeout", "120", "--retries", "10",
+                 f"torch=={version}", *RELEASES[version], *TEST_TOOLS],
+                stdout=out, stderr=subprocess.STDOUT,
+            ).returncode
+        if rc == 0:
+            shutil.rmtree(cache, ignore_errors=True)
+            stamp.touch()
+            note = f" (attempt {attempt})" if attempt > 1 else ""
+            return f"torch {version}: installed in {time.monotonic() - t0:.0f} s{note}"
+        time.sleep(10 * attempt)
+    shutil.rmtree(cache, ignore_errors=True)
+    raise SetupError(f"torch {version}: install FAILED {ATTEMPTS} times ({_free_gb():.1f} GB free); "
+                     f"the end of {log}:\n{_tail(log)}")
+
+
+class SetupError(RuntimeError):
+    pass
 
 
 def setup(versions: list[str]) -> int:
+    """Install the releases one after another, so that the disk holds one release's downloads at a time; a
+    failure is reported with the end of its pip log."""
     ENVS.mkdir(exist_ok=True)
     failed = 0
-    with concurrent.futures.ThreadPoolExecutor(len(versions)) as pool:
-        futures = {pool.submit(_setup_one, v): v for v in versions}
-        for f in concurrent.futures.as_completed(futures):
-            try:
-                print(f.result(), flush=True)
-            except subprocess.CalledProcessError:
-                failed += 1
-                print(f"torch {futures[f]}: install FAILED (see {ENVS / (futures[f] + '.log')})", flush=True)
+    for version in versions:
+        try:
+            print(_setup_one(version), flush=True)
+        except (SetupError, subprocess.CalledProcessError) as e:
+            failed += 1
+            print(e, flush=True)
     return 1 if failed else 0
 
 
@@ -133,6 +172,15 @@ def _cell(c: dict[str, int]) -> str:
         return "—"
     verdict = "pass" if c["failed"] == 0 else f"**{c['failed']} failed**"
     return f"{verdict} ({c['passed']} passed, {c['skipped']} skipped)"
+
+
+def _wait_for(path: Path, limit_s: float = 90 * 60) -> None:
+    """Block until ``path`` exists (CI: until the pin's own tests are done), at most ``limit_s``."""
+    t0 = time.monotonic()
+    while not path.exists():
+        if time.monotonic() - t0 > limit_s:
+            raise SystemExit(f"waited {limit_s:.0f} s for {path}; giving up")
+        time.sleep(2)
 
 
 def run(versions: list[str], workers: str, everything: bool = False) -> int:
@@ -178,12 +226,15 @@ def main() -> int:
     parser.add_argument("--torch", nargs="*", default=list(RELEASES), help="releases (default: all)")
     parser.add_argument("-n", default="2", help="pytest-xdist workers for `run`")
     parser.add_argument("--all", action="store_true", help="`run`: every library test, not only CORE")
+    parser.add_argument("--after", type=Path, help="`run`: start once this file exists (waits at most 90 min)")
     args = parser.parse_args()
     unknown = [v for v in args.torch if v not in RELEASES]
     if unknown:
         parser.error(f"--torch: not in the matrix: {unknown} (known: {list(RELEASES)})")
     if args.command == "setup":
         return setup(args.torch)
+    if args.after:
+        _wait_for(args.after)
     return run(args.torch, args.n, args.all)
 
 
