@@ -35,12 +35,14 @@ def test_every_translation_is_current():
     problems = zh.status()
     assert not problems, (
         "stale or missing translations (python book/_tools/zh_edition.py stale shows them):\n"
-        + "\n".join(f"  {f}{' cell ' + c if c else ''}: {what}" for f, c, what in problems)
+        + "\n".join("  " + zh.describe(*problem) for problem in problems)
     )
 
 
 def test_translation_files_name_their_source_and_only_its_cells():
     for path in sorted((ROOT / "book" / "zh").glob("*.json")):
+        if path == zh.FIGURES:
+            continue
         data = json.loads(path.read_text(encoding="utf-8"))
         src = ROOT / data["source"]
         assert src.exists(), f"{path.name}: source {data['source']} does not exist"
@@ -88,6 +90,62 @@ def _glossary():
         if names:
             terms[head] = names
     return terms
+
+
+def _drawn(**labels):
+    """An SVG figure drawn as the chapters draw theirs (book/matplotlibrc)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with plt.rc_context(matplotlib.rc_params_from_file(str(ROOT / "book" / "matplotlibrc"), use_default_template=False)):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, 1], label=labels.get("legend", "x"))
+        ax.set_xlabel(labels.get("xlabel", ""))
+        ax.set_title(labels.get("title", ""))
+        ax.legend()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def test_figure_labels_are_found_and_translated_in_place():
+    pytest.importorskip("matplotlib")
+    svg = _drawn(xlabel="training step", title="lr 0.1 & <b>", legend="LayerNorm")
+    labels, problems = zh._figure_labels(svg)
+    assert labels == {"training step", "lr 0.1 & <b>", "LayerNorm"} and not problems
+    out = zh.translate_svg(svg, {"training step": "训练步数", "lr 0.1 & <b>": "学习率 0.1 & <b>"})
+    assert ">训练步数</text>" in out and ">学习率 0.1 &amp; &lt;b&gt;</text>" in out and ">LayerNorm</text>" in out
+    assert "training step" not in out
+    import xml.etree.ElementTree as ET
+
+    ET.fromstring(out.encode())  # still well-formed
+
+
+def test_figure_problems_are_named():
+    pytest.importorskip("matplotlib")
+    _, problems = zh._figure_labels(_drawn(xlabel=r"learning rate $\eta$"))
+    assert any("mixes words and TeX" in p for p in problems)
+    labels, problems = zh._figure_labels(_drawn(xlabel=r"$\eta / \|W\|^2$"))
+    assert not problems and not labels  # pure TeX needs no translation
+    import matplotlib
+
+    with matplotlib.rc_context({"svg.fonttype": "path"}):
+        import io
+
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        ax.set_xlabel("training step")
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        plt.close(fig)
+    _, problems = zh._figure_labels(buf.getvalue())
+    assert any("glyph outlines" in p for p in problems)
 
 
 def test_glossary_gives_every_term_a_chinese_name():

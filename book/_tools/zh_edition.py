@@ -15,6 +15,15 @@ was made from (``en_sha256``): when the English changes, the translation is
 cell; ``build`` uses the English text for such cells and says so, so the
 Chinese edition never shows an outdated sentence as if it were current.
 
+Figures are translated where they are drawn: the chapters' SVG figures keep
+their text as text (``svg.fonttype: none`` in ``book/matplotlibrc``), and the
+build replaces each label by its entry in ``book/zh/figures.json`` (English
+label -> Chinese; an entry may keep the English, for names such as
+LayerNorm). ``check`` also fails naming every label that has no entry, every
+entry no figure uses any more, every label that mixes words and TeX (write it
+in Unicode, so that it can be translated whole) and every figure drawn with
+glyph outlines.
+
 A translator updating a stale cell: ``stale`` prints the cell's current
 English and the old Chinese; edit the ``zh`` text in the JSON file, then
 ``mark-fresh book/zh/<file>.json <cell id>`` stores the new English hash.
@@ -97,6 +106,80 @@ def _markdown_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "markdown"]
 
 
+FIGURES = ZH / "figures.json"
+SVG = "image/svg+xml"
+_PLAIN_TEXT = re.compile(r"(<text\b[^>]*>)([^<]*)(</text>)")
+_MATH_GROUP = re.compile(r"<!-- (.*?) -->\s*<g transform=[^>]*>\s*<text>\s*<tspan", re.S)
+_OUTLINED = re.compile(r"<!-- [^>]*? -->\s*(?:<g transform=[^>]*>\s*)?<defs>\s*<path id=\"DejaVu")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+
+
+def _unescape(text: str) -> str:
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"').replace("&#39;", "'").replace("&amp;", "&")
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _figure_labels(svg: str) -> tuple[set[str], list[str]]:
+    """The labels of one SVG figure that need a translation, and what is wrong with the figure."""
+    labels = {_unescape(m.group(2)) for m in _PLAIN_TEXT.finditer(svg) if _WORD.search(_unescape(m.group(2)))}
+    problems = []
+    for m in _MATH_GROUP.finditer(svg):
+        words = _WORD.findall(re.sub(r"\$[^$]*\$", "", m.group(1)))
+        if words:
+            problems.append(f"label {m.group(1)!r} mixes words and TeX: write it in Unicode (η, ‖W‖², ∂L) "
+                            "so that it can be translated whole")
+    if _OUTLINED.search(svg):
+        problems.append("drawn with glyph outlines, not text: re-execute it (book/matplotlibrc sets svg.fonttype)")
+    return labels, problems
+
+
+def _figures(page_src: Path) -> list[str]:
+    """Every SVG figure of a chapter: its stored outputs, and the SVG files its prose shows from book/data."""
+    if page_src.suffix != ".ipynb":
+        return []
+    nb = nbformat.read(page_src, as_version=4)
+    svgs = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            svg = out.get("data", {}).get(SVG)
+            if svg:
+                svgs.append("".join(svg) if isinstance(svg, list) else svg)
+        if cell.cell_type == "markdown":
+            for name in re.findall(r"\]\((data/[^)\s]+\.svg)\)", cell.source):
+                svgs.append((BOOK / name).read_text(encoding="utf-8"))
+    return svgs
+
+
+def _figure_table() -> dict[str, str]:
+    return json.loads(FIGURES.read_text(encoding="utf-8"))["labels"] if FIGURES.exists() else {}
+
+
+def translate_svg(svg: str, table: dict[str, str]) -> str:
+    """``svg`` with each label that has an entry in ``table`` replaced by its Chinese."""
+    def one(m):
+        text = _unescape(m.group(2))
+        return m.group(1) + _escape(table[text]) + m.group(3) if text in table else m.group(0)
+
+    return _PLAIN_TEXT.sub(one, svg)
+
+
+def _figure_status() -> list[tuple[str, str, str]]:
+    table, used, problems = _figure_table(), set(), []
+    for page in _toc_files():
+        src = _source(page)
+        rel = src.relative_to(ROOT).as_posix()
+        for k, svg in enumerate(_figures(src), 1):
+            labels, wrong = _figure_labels(svg)
+            problems += [(rel, f"figure {k}", w) for w in wrong]
+            used |= labels
+            problems += [(rel, f"figure {k} label {t!r}", "missing from book/zh/figures.json") for t in sorted(labels - set(table))]
+    problems += [("book/zh/figures.json", f"label {t!r}", "unused (no figure has it now)") for t in sorted(set(table) - used)]
+    return problems
+
+
 def status() -> list[tuple[str, str, str]]:
     """``(file, cell id or "", "stale"|"missing")`` for every untranslated piece of prose."""
     problems = []
@@ -117,7 +200,7 @@ def status() -> list[tuple[str, str, str]]:
                 problems.append((rel, cell.id, "missing"))
             elif entry.get("en_sha256") != sha256(cell.source):
                 problems.append((rel, cell.id, "stale"))
-    return problems
+    return problems + _figure_status()
 
 
 # Words the search index must keep whole besides the glossary's (jieba would
@@ -158,6 +241,7 @@ def build(run_sphinx: bool = True) -> int:
         shutil.rmtree(SRC)
     (SRC / "book").mkdir(parents=True)
     fallback = []
+    figures = _figure_table()
     for page in _toc_files():
         src = _source(page)
         tr = _translation(src)
@@ -179,6 +263,11 @@ def build(run_sphinx: bool = True) -> int:
                 cell.source = entry["zh"]
             else:
                 fallback.append(f"{src.name} cell {cell.id}")
+        for cell in out.cells:
+            for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+                if SVG in o.get("data", {}):
+                    svg = o["data"][SVG]
+                    o["data"][SVG] = translate_svg("".join(svg) if isinstance(svg, list) else svg, figures)
         out.metadata["language_info"] = nb.metadata.get("language_info", {})
         nbformat.write(out, dest)
     # what the build reads besides the pages
@@ -187,6 +276,8 @@ def build(run_sphinx: bool = True) -> int:
     data = BOOK / "data"
     if data.exists():
         shutil.copytree(data, SRC / "book" / "data")
+        for svg in (SRC / "book" / "data").glob("*.svg"):
+            svg.write_text(translate_svg(svg.read_text(encoding="utf-8"), figures), encoding="utf-8")
     (SRC / "normlib").symlink_to(ROOT / "normlib", target_is_directory=True)  # for {literalinclude}
     for extra in ("_static", "_assets"):
         if (ROOT / extra).exists():
@@ -214,10 +305,17 @@ def build(run_sphinx: bool = True) -> int:
     return 0
 
 
+def describe(rel: str, where: str, what: str) -> str:
+    """One line for one problem of ``status()``."""
+    if what in ("stale", "missing"):
+        return f"{rel}{' cell ' + where if where else ''}: translation {what}"
+    return f"{rel} {where}: {what}"
+
+
 def check() -> int:
     problems = status()
-    for rel, cell, what in problems:
-        print(f"{rel}{' cell ' + cell if cell else ''}: translation {what}")
+    for problem in problems:
+        print(describe(*problem))
     if problems:
         print(f"{len(problems)} stale or missing translation(s); "
               "`python book/_tools/zh_edition.py stale` shows them (README, 'The Chinese edition')")
@@ -228,6 +326,9 @@ def check() -> int:
 
 def show_stale() -> int:
     for rel, cell_id, what in status():
+        if what not in ("stale", "missing"):
+            print("=== " + describe(rel, cell_id, what))
+            continue
         src = ROOT / rel
         print(f"=== {rel}{' cell ' + cell_id if cell_id else ''} ({what})")
         tr = _translation(src)

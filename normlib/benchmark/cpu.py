@@ -401,6 +401,14 @@ def plot(data: dict, path: str):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    # Text kept as text in an SVG (the book's Chinese edition translates its labels).
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "cpu_benchmark"}):
+        return _plot(plt, data, path)
+
+
+def _plot(plt, data: dict, path: str):
+    import matplotlib
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
     cases = data["cases"]
