@@ -49,6 +49,14 @@ _spec.loader.exec_module(_repository)
 REPOSITORY = _repository.repository_url()
 BRANCH = "main"  # repository.branch in _config.yml
 
+# The Chinese edition's build script: how it translates the figures' labels.
+_zh_spec = importlib.util.spec_from_file_location(
+    "_normlib_zh_edition", Path(__file__).resolve().parents[1] / "book" / "_tools" / "zh_edition.py"
+)
+zh = importlib.util.module_from_spec(_zh_spec)
+_zh_spec.loader.exec_module(zh)
+
+
 # External pages the text links to on purpose, each checked by hand to exist.
 # A new one belongs here (a link to any other repository is not allowed).
 REFERENCES = (
@@ -269,6 +277,7 @@ def test_links_outside_the_build_are_the_repositorys_or_references(site, page):
 
 def test_chinese_chapters_download_as_notebooks_with_chinese_prose(site):
     chapters = sorted(p for p in PAGES if re.match(r"zh/book/0\d[a-z]?_.*\.html$", p))
+    figures = zh._figure_table()
     assert len(chapters) >= 10
     for page in chapters:
         name = Path(page).stem
@@ -278,9 +287,16 @@ def test_chinese_chapters_download_as_notebooks_with_chinese_prose(site):
         english = nbformat.read(ROOT / "_sources" / "book" / f"{name}.ipynb", as_version=4)
         prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
         assert len(re.findall(r"[\u4e00-\u9fff]", prose)) > 500, f"{page}: the downloaded notebook's prose is not Chinese"
-        # the same code cells, in the same order, with the same stored outputs
+        # the same code cells, in the same order, with the same stored outputs, but
+        # for the figures, whose labels are the Chinese of book/zh/figures.json
         code = [(c.source, c.get("outputs")) for c in nb.cells if c.cell_type == "code"]
+        for cell in english.cells:
+            for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+                if zh.SVG in out.get("data", {}):
+                    out["data"][zh.SVG] = zh.translate_svg(out["data"][zh.SVG], figures)
         assert code == [(c.source, c.get("outputs")) for c in english.cells if c.cell_type == "code"], page
+        svgs = [o["data"][zh.SVG] for _, outs in code for o in outs or [] if zh.SVG in o.get("data", {})]
+        assert any("训练" in svg for svg in svgs) or not any("training" in svg for svg in svgs), page
         # launch buttons would open the English notebook: the Chinese edition has none
         assert not [u for u in _external_links(ROOT / page) if u.startswith(LAUNCHERS)], page
 
