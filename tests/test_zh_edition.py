@@ -126,6 +126,37 @@ def test_figure_labels_are_found_and_translated_in_place():
     ET.fromstring(out.encode())  # still well-formed
 
 
+def test_multi_line_labels_keep_their_alignment_in_chinese():
+    """matplotlib places each line of a multi-line label at the English line's left end; the Chinese is re-anchored."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    with plt.rc_context(matplotlib.rc_params_from_file(str(ROOT / "book" / "matplotlibrc"), use_default_template=False)):
+        import io
+
+        fig, ax = plt.subplots()
+        ax.set_title("a long first line of the title\nshort second")  # centred
+        ax.set_ylabel("mean training loss\n(diverged runs drawn at 5)")  # centred, rotated
+        ax.set_yticks([0.5], ["LayerNorm(768)\n32x128"])  # right-aligned
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        plt.close(fig)
+    table = {"a long first line of the title": "标题第一行", "short second": "第二行", "mean training loss": "平均训练损失",
+             "(diverged runs drawn at 5)": "（发散的画在 5 处）", "LayerNorm(768)": "LayerNorm(768)，小"}
+    out = zh.translate_svg(buf.getvalue(), table)
+    lines = {m.group(5): m for m in zh._LINE.finditer(out)}
+    title = [lines["标题第一行"], lines["第二行"]]
+    assert all("text-anchor: middle" in m.group(1) for m in title)
+    assert abs(float(title[0].group(2)) - float(title[1].group(2))) < 1e-3  # one centre for both lines
+    ylabel = [lines["平均训练损失"], lines["（发散的画在 5 处）"]]
+    assert all("text-anchor: middle" in m.group(1) and m.group(4) == "-90" for m in ylabel)
+    assert abs(float(ylabel[0].group(3)) - float(ylabel[1].group(3))) < 1e-3  # rotated: one centre, vertically
+    tick = [lines["LayerNorm(768)，小"], lines["32x128"]]
+    assert all("text-anchor: end" in m.group(1) for m in tick)
+    assert abs(float(tick[0].group(2)) - float(tick[1].group(2))) < 1e-3
+
+
 def test_figure_problems_are_named():
     pytest.importorskip("matplotlib")
     _, problems = zh._figure_labels(_drawn(xlabel=r"learning rate $\eta$"))

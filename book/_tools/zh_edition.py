@@ -157,12 +157,64 @@ def _figure_table() -> dict[str, str]:
     return json.loads(FIGURES.read_text(encoding="utf-8"))["labels"] if FIGURES.exists() else {}
 
 
+_GROUP = re.compile(r'(<g id="text_\d+">\s*)((?:<text\b[^>]*>[^<]*</text>\s*){2,})(</g>)')
+_LINE = re.compile(r'<text style="([^"]*)" transform="translate\(([-\d.e]+) ([-\d.e]+)\)(?: rotate\(([-\d.e]+)\))?">([^<]*)</text>')
+
+
+def _width(text: str, style: str) -> float:
+    """The width matplotlib gave ``text`` when it laid the figure out (DejaVu Sans at the style's size)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    size = float(re.search(r"font-size: ([\d.]+)px", style).group(1))
+    return TextToPath().get_text_width_height_descent(text, FontProperties(family="DejaVu Sans", size=size), ismath=False)[0]
+
+
+def _realign(group: str, table: dict[str, str]) -> str:
+    """A multi-line label's lines, anchored where matplotlib aligned them (left, centre or right) for the English.
+
+    matplotlib writes each line of a multi-line text as its own ``<text>`` at
+    the left end of the English line; a translation of another width would
+    leave centred or right-aligned lines out of line. Each line's English width
+    (measured with matplotlib's own font) gives back the alignment, and the
+    line is anchored there instead (``text-anchor: middle`` or ``end``).
+    """
+    lines = [m for m in _LINE.finditer(group)]
+    if len(lines) < 2 or not any(_unescape(m.group(5)) in table for m in lines):
+        return group
+    import math
+
+    geo = []
+    for m in lines:
+        angle = math.radians(float(m.group(4) or 0))
+        d = (math.cos(angle), math.sin(angle))  # the direction the text runs in
+        x, y = float(m.group(2)), float(m.group(3))
+        geo.append((x, y, d, x * d[0] + y * d[1], _width(_unescape(m.group(5)), m.group(1))))
+    for anchor, share in (("start", 0.0), ("middle", 0.5), ("end", 1.0)):
+        ends = [along + share * w for _, _, _, along, w in geo]
+        if max(ends) - min(ends) < 0.05:
+            break
+    else:
+        return group  # no common alignment: leave the lines where they are
+    if anchor == "start":
+        return group
+    out = group
+    for m, (x, y, d, _, w) in zip(lines, geo):
+        nx, ny = x + share * w * d[0], y + share * w * d[1]
+        rotate = f" rotate({m.group(4)})" if m.group(4) else ""
+        line = (f'<text style="{m.group(1)}; text-anchor: {anchor}" transform="translate({nx:.6f} {ny:.6f}){rotate}">'
+                f"{m.group(5)}</text>")
+        out = out.replace(m.group(0), line, 1)
+    return out
+
+
 def translate_svg(svg: str, table: dict[str, str]) -> str:
     """``svg`` with each label that has an entry in ``table`` replaced by its Chinese."""
     def one(m):
         text = _unescape(m.group(2))
         return m.group(1) + _escape(table[text]) + m.group(3) if text in table else m.group(0)
 
+    svg = _GROUP.sub(lambda g: g.group(1) + _realign(g.group(2), table) + g.group(3), svg)
     return _PLAIN_TEXT.sub(one, svg)
 
 
