@@ -92,8 +92,8 @@ def _glossary():
     return terms
 
 
-def _drawn(**labels):
-    """An SVG figure drawn as the chapters draw theirs (book/matplotlibrc)."""
+def _svg(draw, rc=None):
+    """The SVG of a figure that ``draw(ax)`` draws, with the chapters' settings (book/matplotlibrc) or ``rc``."""
     import io
 
     import matplotlib
@@ -101,16 +101,25 @@ def _drawn(**labels):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with plt.rc_context(matplotlib.rc_params_from_file(str(ROOT / "book" / "matplotlibrc"), use_default_template=False)):
+    rc = rc or matplotlib.rc_params_from_file(str(ROOT / "book" / "matplotlibrc"), use_default_template=False)
+    with plt.rc_context(rc):
         fig, ax = plt.subplots()
-        ax.plot([0, 1], [0, 1], label=labels.get("legend", "x"))
-        ax.set_xlabel(labels.get("xlabel", ""))
-        ax.set_title(labels.get("title", ""))
-        ax.legend()
+        draw(ax)
         buf = io.StringIO()
         fig.savefig(buf, format="svg")
         plt.close(fig)
     return buf.getvalue()
+
+
+def _drawn(**labels):
+    """A figure with an x label, a title and one legend entry."""
+    def draw(ax):
+        ax.plot([0, 1], [0, 1], label=labels.get("legend", "x"))
+        ax.set_xlabel(labels.get("xlabel", ""))
+        ax.set_title(labels.get("title", ""))
+        ax.legend()
+
+    return _svg(draw)
 
 
 def test_figure_labels_are_found_and_translated_in_place():
@@ -129,22 +138,16 @@ def test_figure_labels_are_found_and_translated_in_place():
 def test_multi_line_labels_keep_their_alignment_in_chinese():
     """matplotlib places each line of a multi-line label at the English line's left end; the Chinese is re-anchored."""
     pytest.importorskip("matplotlib")
-    import matplotlib
-    import matplotlib.pyplot as plt
 
-    with plt.rc_context(matplotlib.rc_params_from_file(str(ROOT / "book" / "matplotlibrc"), use_default_template=False)):
-        import io
-
-        fig, ax = plt.subplots()
+    def draw(ax):
         ax.set_title("a long first line of the title\nshort second")  # centred
         ax.set_ylabel("mean training loss\n(diverged runs drawn at 5)")  # centred, rotated
         ax.set_yticks([0.5], ["LayerNorm(768)\n32x128"])  # right-aligned
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg")
-        plt.close(fig)
+
+    svg = _svg(draw)
     table = {"a long first line of the title": "标题第一行", "short second": "第二行", "mean training loss": "平均训练损失",
              "(diverged runs drawn at 5)": "（发散的画在 5 处）", "LayerNorm(768)": "LayerNorm(768)，小"}
-    out = zh.translate_svg(buf.getvalue(), table)
+    out = zh.translate_svg(svg, table)
     lines = {m.group(5): m for m in zh._LINE.finditer(out)}
     title = [lines["标题第一行"], lines["第二行"]]
     assert all("text-anchor: middle" in m.group(1) for m in title)
@@ -163,19 +166,8 @@ def test_figure_problems_are_named():
     assert any("mixes words and TeX" in p for p in problems)
     labels, problems = zh._figure_labels(_drawn(xlabel=r"$\eta / \|W\|^2$"))
     assert not problems and not labels  # pure TeX needs no translation
-    import matplotlib
-
-    with matplotlib.rc_context({"svg.fonttype": "path"}):
-        import io
-
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots()
-        ax.set_xlabel("training step")
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg")
-        plt.close(fig)
-    _, problems = zh._figure_labels(buf.getvalue())
+    outlined = _svg(lambda ax: ax.set_xlabel("training step"), rc={"svg.fonttype": "path"})
+    _, problems = zh._figure_labels(outlined)
     assert any("glyph outlines" in p for p in problems)
 
 

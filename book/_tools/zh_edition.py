@@ -40,12 +40,14 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import html
 import json
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import nbformat
 import yaml
@@ -114,17 +116,9 @@ _OUTLINED = re.compile(r"<!-- [^>]*? -->\s*(?:<g transform=[^>]*>\s*)?<defs>\s*<
 _WORD = re.compile(r"[A-Za-z]{2,}")
 
 
-def _unescape(text: str) -> str:
-    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", '"').replace("&#39;", "'").replace("&amp;", "&")
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def _figure_labels(svg: str) -> tuple[set[str], list[str]]:
     """The labels of one SVG figure that need a translation, and what is wrong with the figure."""
-    labels = {_unescape(m.group(2)) for m in _PLAIN_TEXT.finditer(svg) if _WORD.search(_unescape(m.group(2)))}
+    labels = {html.unescape(m.group(2)) for m in _PLAIN_TEXT.finditer(svg) if _WORD.search(html.unescape(m.group(2)))}
     problems = []
     for m in _MATH_GROUP.finditer(svg):
         words = _WORD.findall(re.sub(r"\$[^$]*\$", "", m.group(1)))
@@ -144,9 +138,8 @@ def _figures(page_src: Path) -> list[str]:
     svgs = []
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            svg = out.get("data", {}).get(SVG)
-            if svg:
-                svgs.append("".join(svg) if isinstance(svg, list) else svg)
+            if SVG in out.get("data", {}):
+                svgs.append(out["data"][SVG])  # nbformat.read joins a stored list of lines
         if cell.cell_type == "markdown":
             for name in re.findall(r"\]\((data/[^)\s]+\.svg)\)", cell.source):
                 svgs.append((BOOK / name).read_text(encoding="utf-8"))
@@ -180,7 +173,7 @@ def _realign(group: str, table: dict[str, str]) -> str:
     line is anchored there instead (``text-anchor: middle`` or ``end``).
     """
     lines = [m for m in _LINE.finditer(group)]
-    if len(lines) < 2 or not any(_unescape(m.group(5)) in table for m in lines):
+    if len(lines) < 2 or not any(html.unescape(m.group(5)) in table for m in lines):
         return group
     import math
 
@@ -189,7 +182,7 @@ def _realign(group: str, table: dict[str, str]) -> str:
         angle = math.radians(float(m.group(4) or 0))
         d = (math.cos(angle), math.sin(angle))  # the direction the text runs in
         x, y = float(m.group(2)), float(m.group(3))
-        geo.append((x, y, d, x * d[0] + y * d[1], _width(_unescape(m.group(5)), m.group(1))))
+        geo.append((x, y, d, x * d[0] + y * d[1], _width(html.unescape(m.group(5)), m.group(1))))
     for anchor, share in (("start", 0.0), ("middle", 0.5), ("end", 1.0)):
         ends = [along + share * w for _, _, _, along, w in geo]
         if max(ends) - min(ends) < 0.05:
@@ -211,8 +204,8 @@ def _realign(group: str, table: dict[str, str]) -> str:
 def translate_svg(svg: str, table: dict[str, str]) -> str:
     """``svg`` with each label that has an entry in ``table`` replaced by its Chinese."""
     def one(m):
-        text = _unescape(m.group(2))
-        return m.group(1) + _escape(table[text]) + m.group(3) if text in table else m.group(0)
+        text = html.unescape(m.group(2))
+        return m.group(1) + escape(table[text]) + m.group(3) if text in table else m.group(0)
 
     svg = _GROUP.sub(lambda g: g.group(1) + _realign(g.group(2), table) + g.group(3), svg)
     return _PLAIN_TEXT.sub(one, svg)
@@ -318,8 +311,7 @@ def build(run_sphinx: bool = True) -> int:
         for cell in out.cells:
             for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
                 if SVG in o.get("data", {}):
-                    svg = o["data"][SVG]
-                    o["data"][SVG] = translate_svg("".join(svg) if isinstance(svg, list) else svg, figures)
+                    o["data"][SVG] = translate_svg(o["data"][SVG], figures)
         out.metadata["language_info"] = nb.metadata.get("language_info", {})
         nbformat.write(out, dest)
     # what the build reads besides the pages
