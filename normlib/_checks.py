@@ -41,7 +41,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def check_dtypes(input: torch.Tensor, **tensors: torch.Tensor | None) -> torch.Tensor:
-    """torch.nn's dtype rule for a norm's parameters and buffers; returns ``input``.
+    """torch.nn's dtype rule for a norm's parameters and buffers; returns ``input`` (checked before: a float tensor).
 
     Each tensor given (``weight=...``, ``running_mean=...``; ``None`` is
     skipped) must have the input's dtype, or be float32 when the input is
@@ -50,7 +50,6 @@ def check_dtypes(input: torch.Tensor, **tensors: torch.Tensor | None) -> torch.T
     ``RuntimeError`` ("mixed dtype (CPU): ..."), this raises a ``TypeError``
     that names both dtypes and the way out.
     """
-    check_float_tensor(input)
     for name, t in tensors.items():
         if t is None or t.dtype == input.dtype or (t.dtype == torch.float32 and input.dtype in _HALF):
             continue
@@ -69,6 +68,8 @@ def check_eps(eps: object, name: str = "eps") -> float:
     symbolic ``torch.SymFloat`` whose value is unknown while tracing; it is
     passed through unchecked (a module checked its ``eps`` when it was built).
     """
+    if type(eps) is float and 0.0 <= eps < math.inf:  # the common case, decided without the checks below
+        return eps
     if isinstance(eps, (torch.SymFloat, torch.SymInt)) or torch.compiler.is_compiling():
         # While tracing, dynamo may hand a float argument over as a symbolic value
         # even where isinstance says float; math.isfinite cannot be traced on it.
@@ -108,6 +109,8 @@ def check_positive_int(value: object, name: str) -> int:
 
 def normalize_shape(normalized_shape: _shape_t) -> tuple[int, ...]:
     """Turn an int or a sequence of ints into a tuple, rejecting anything else."""
+    if type(normalized_shape) is tuple and normalized_shape and all(type(s) is int and s >= 0 for s in normalized_shape):
+        return normalized_shape  # a module's own, already normalized
     if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         shape: tuple = (int(normalized_shape),)
     else:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.nn.modules import batchnorm as _tbn
 from torch.nn.modules import instancenorm as _tin
 
-from . import functional as F
+from . import ops
 from ._checks import check_eps, check_float_tensor, check_momentum, check_positive_int
 from .normalization import _accepts_bias, _NormlibRepr
 
@@ -93,7 +93,7 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         use_batch_stats = self.training or self.running_mean is None
         # Record into the running statistics only while training.
         track = self.training and self.track_running_stats
-        return F.batch_norm(
+        return ops.dispatch.batch_norm(
             input,
             self.running_mean if track or not use_batch_stats else None,
             self.running_var if track or not use_batch_stats else None,
@@ -225,7 +225,7 @@ class _InstanceNorm(_NormBase, _tin._InstanceNorm):
             )
         momentum = self._momentum_for_this_step()
         # Running statistics (when tracked) are recorded in training and used in eval.
-        y = F.instance_norm(
+        y = ops.dispatch.instance_norm(
             x,
             self.running_mean,
             self.running_var,

@@ -586,7 +586,13 @@ def layer_norm(
     ctx, input, weight, bias = autocast_float32("layer_norm", input, weight, bias)
     shape, eps = check_layer_norm_args(input, normalized_shape, weight, bias, eps)
     with ctx:
-        return _pick(_LayerNorm, _LayerNormJvp).apply(input, shape, weight, bias, eps)[0]
+        return _layer_norm(input, shape, weight, bias, eps)
+
+
+def _layer_norm(input: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], bias: Optional[Tensor],
+                eps: float) -> Tensor:
+    """:func:`layer_norm` on checked arguments (what :mod:`normlib.ops` runs as the reference)."""
+    return _pick(_LayerNorm, _LayerNormJvp).apply(input, shape, weight, bias, eps)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -760,7 +766,12 @@ def rms_norm(
     ctx, input, weight = autocast_float32("rms_norm", input, weight)
     shape, eps = check_rms_norm_args(input, normalized_shape, weight, eps)
     with ctx:
-        return _pick(_RMSNorm, _RMSNormJvp).apply(input, shape, weight, eps)[0]
+        return _rms_norm(input, shape, weight, eps)
+
+
+def _rms_norm(input: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], eps: float) -> Tensor:
+    """:func:`rms_norm` on checked arguments (``eps`` resolved)."""
+    return _pick(_RMSNorm, _RMSNormJvp).apply(input, shape, weight, eps)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -1050,26 +1061,39 @@ def batch_norm(
     ctx, input, running_mean, running_var, weight, bias = autocast_float32(
         "batch_norm", input, running_mean, running_var, weight, bias
     )
+    momentum, eps = check_batch_norm_args(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    with ctx:
+        return _batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def check_batch_norm_args(input, running_mean, running_var, weight, bias, training, momentum, eps) -> tuple[float, float]:
+    """Validate :func:`batch_norm`'s arguments; returns ``(momentum, eps)``."""
     C = _check_channel_norm_args("batch_norm", input, running_mean, running_var, weight, bias)
     momentum = check_momentum(momentum, allow_none=False)
     eps = check_eps(eps)
     if not training and running_mean is None:
         raise ValueError("batch_norm in evaluation (training=False) needs running_mean and running_var")
+    if training and C and input.numel() // C == 1:
+        raise ValueError(
+            f"batch_norm in training needs more than 1 value per channel to "
+            f"estimate a variance (got input of shape {list(input.shape)})"
+        )
+    return momentum, eps
 
-    with ctx:
-        if not training:
-            return _pick(_BatchNormEval, _BatchNormEvalJvp).apply(input, running_mean, running_var, weight, bias, eps)[0]
-        n = input.numel() // C if C else 0
-        if n == 1:
-            raise ValueError(
-                f"batch_norm in training needs more than 1 value per channel to "
-                f"estimate a variance (got input of shape {list(input.shape)})"
-            )
-        y, mean, var, _, _ = _pick(_BatchNormTrain, _BatchNormTrainJvp).apply(input, weight, bias, eps)
-        if running_mean is not None and n > 1:  # an empty batch leaves the running statistics alone
-            _update_running(running_mean, mean, momentum)
-            _update_running(running_var, var * (n / (n - 1)), momentum)
-        return y
+
+def _batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                weight: Optional[Tensor], bias: Optional[Tensor], training: bool, momentum: float,
+                eps: float) -> Tensor:
+    """:func:`batch_norm` on checked arguments."""
+    if not training:
+        return _pick(_BatchNormEval, _BatchNormEvalJvp).apply(input, running_mean, running_var, weight, bias, eps)[0]
+    C = input.shape[1]
+    n = input.numel() // C if C else 0
+    y, mean, var, _, _ = _pick(_BatchNormTrain, _BatchNormTrainJvp).apply(input, weight, bias, eps)
+    if running_mean is not None and running_var is not None and n > 1:  # an empty batch leaves them alone
+        _update_running(running_mean, mean, momentum)
+        _update_running(running_var, var * (n / (n - 1)), momentum)
+    return y
 
 
 def _check_channel_norm_args(what, input, running_mean, running_var, weight, bias) -> int:
@@ -1259,6 +1283,13 @@ def group_norm(
         eps: added to the variance, ``>= 0``.
     """
     ctx, input, weight, bias = autocast_float32("group_norm", input, weight, bias)
+    G, eps = check_group_norm_args(input, num_groups, weight, bias, eps)
+    with ctx:
+        return _group_norm(input, G, weight, bias, eps)
+
+
+def check_group_norm_args(input, num_groups, weight, bias, eps) -> tuple[int, float]:
+    """Validate :func:`group_norm`'s arguments; returns ``(num_groups, eps)``."""
     C = _check_channel_norm_args("group_norm", input, None, None, weight, bias)
     G = check_positive_int(num_groups, "num_groups")
     if C % G != 0:
@@ -1266,9 +1297,13 @@ def group_norm(
             f"num_groups must divide the number of channels: got num_groups={G} "
             f"for input with {C} channels"
         )
-    eps = check_eps(eps)
-    with ctx:
-        return _pick(_GroupNorm, _GroupNormJvp).apply(input, G, weight, bias, eps)[0]
+    return G, check_eps(eps)
+
+
+def _group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
+                eps: float) -> Tensor:
+    """:func:`group_norm` on checked arguments."""
+    return _pick(_GroupNorm, _GroupNormJvp).apply(input, num_groups, weight, bias, eps)[0]
 
 
 def instance_norm(
@@ -1302,27 +1337,41 @@ def instance_norm(
     ctx, input, running_mean, running_var, weight, bias = autocast_float32(
         "instance_norm", input, running_mean, running_var, weight, bias
     )
-    C = _check_channel_norm_args("instance_norm", input, running_mean, running_var, weight, bias)
+    momentum, eps = check_instance_norm_args(input, running_mean, running_var, weight, bias, use_input_stats,
+                                             momentum, eps)
+    with ctx:
+        return _instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+
+
+def check_instance_norm_args(input, running_mean, running_var, weight, bias, use_input_stats, momentum,
+                             eps) -> tuple[float, float]:
+    """Validate :func:`instance_norm`'s arguments; returns ``(momentum, eps)``."""
+    _check_channel_norm_args("instance_norm", input, running_mean, running_var, weight, bias)
     momentum = check_momentum(momentum, allow_none=False)
     eps = check_eps(eps)
+    if not use_input_stats and running_mean is None:
+        raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
+    if use_input_stats and _numel(input, range(2, input.dim())) == 1:
+        raise ValueError(
+            f"instance_norm needs more than 1 spatial element per channel "
+            f"(got input of shape {list(input.shape)})"
+        )
+    return momentum, eps
 
-    with ctx:
-        if not use_input_stats:
-            if running_mean is None:
-                raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
-            return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
 
-        n = _numel(input, range(2, input.dim()))
-        if n == 1:
-            raise ValueError(
-                f"instance_norm needs more than 1 spatial element per channel "
-                f"(got input of shape {list(input.shape)})"
-            )
-        if C == 0:  # nothing to normalize (and no group to split into): an empty result, as torch
-            return input.clone()
-        y, mean, var, _, _ = _pick(_GroupNorm, _GroupNormJvp).apply(input, C, weight, bias, eps)  # (N, C) statistics
-        # No samples or no positions: nothing was measured, the running statistics stay as they were.
-        if running_mean is not None and input.shape[0] > 0 and n > 0:
-            _update_running(running_mean, mean.mean(0), momentum)
-            _update_running(running_var, (var * (n / (n - 1))).mean(0), momentum)
-        return y
+def _instance_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+                   weight: Optional[Tensor], bias: Optional[Tensor], use_input_stats: bool, momentum: float,
+                   eps: float) -> Tensor:
+    """:func:`instance_norm` on checked arguments."""
+    if not use_input_stats:
+        return _batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    C = input.shape[1]
+    n = _numel(input, range(2, input.dim()))
+    if C == 0:  # nothing to normalize (and no group to split into): an empty result, as torch
+        return input.clone()
+    y, mean, var, _, _ = _pick(_GroupNorm, _GroupNormJvp).apply(input, C, weight, bias, eps)  # (N, C) statistics
+    # No samples or no positions: nothing was measured, the running statistics stay as they were.
+    if running_mean is not None and running_var is not None and input.shape[0] > 0 and n > 0:
+        _update_running(running_mean, mean.mean(0), momentum)
+        _update_running(running_var, (var * (n / (n - 1))).mean(0), momentum)
+    return y

@@ -90,6 +90,7 @@ import torch
 from torch import Tensor, nn
 
 from . import ops
+from .ops.routing import FUSED, kernels_run_on, route
 
 __all__ = ["Anchor", "NormKind", "Unfused", "KINDS", "UNFUSED", "recognise", "classify"]
 
@@ -148,30 +149,24 @@ class Unfused:
     torch_classes: tuple[type, ...] = ()  # and every subclass of these, whatever its forward
 
 
-# ---- the one routing decision: kernels or the class's own forward ---------------------------------
-
-# Tests set this to run the kernels on CPU tensors through Triton's interpreter (tests/test_swap.py).
-_KERNELS_ON_CPU = False
+# ---- kernels or the class's own forward: normlib.ops.route decides ---------------------------------
 
 
 def fused(b: Binding, module: nn.Module, x) -> Optional[Tensor]:
     """``module(x)`` through the kernels in ``b.kind``'s rounding order, or ``None``: then its own forward runs.
 
-    This is the one place that decides. The kernels take the call for a CUDA
-    tensor of a dtype they cover, on the ``"triton"`` path of
-    :func:`normlib.ops.path_for` (so not while ``torch.compile`` traces in its
-    default mode, nor under ``torch.jit.trace``), with γ and β tensors of those
-    dtypes on the same device (not offloaded, say, by accelerate). A CPU tensor
-    leaves at the first line: that is the common case on a laptop, and it costs
-    one attribute read.
+    The kernels take the call where :func:`normlib.ops.routing.route` sends
+    the rows the kernels would see to them (CUDA tensors of a dtype they
+    cover; not while ``torch.compile`` traces in its default mode, nor under
+    ``torch.jit.trace``; CPU tensors only inside ``force_path("fused")``),
+    with γ and β tensors of those dtypes on the same device (not offloaded,
+    say, by accelerate). Everywhere else the module's own forward runs: on
+    CPU a swapped model computes exactly what it computed before.
     """
-    if not (getattr(x, "is_cuda", False) or _KERNELS_ON_CPU):
-        return None
-    if not isinstance(x, Tensor) or x.dtype not in _KERNEL_DTYPES or torch._C._get_tracing_state() is not None:
-        return None
+    if not isinstance(x, Tensor) or x.dtype not in _KERNEL_DTYPES or not kernels_run_on(x):
+        return None  # a CPU tensor leaves here: the common case on a laptop, decided in a few attribute reads
     rows = x.movedim(1, -1) if b.kind == "channels_first_layer_norm" and x.dim() == 4 else x  # what the kernels see
-    path = ops.path_for(rows)
-    if path != "triton" and not (_KERNELS_ON_CPU and path == "triton-interpreter"):
+    if route("layer_norm", rows) != FUSED:
         return None
     params = []
     for name in (b.weight, b.bias):
@@ -229,7 +224,7 @@ def _layer_norm(x, w, b, eps, m):
     if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
         return None
     x, w, b = _autocast("layer_norm", x, w, b)
-    return ops._fused(x, None, w, b, eps, False)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, False)[0]
 
 
 def _channels_first_layer_norm(x, w, b, eps, m):
@@ -244,27 +239,27 @@ def _rms_norm(x, w, b, eps, m):
         return None
     x, w = _autocast("rms_norm", x, w)
     eps = eps if eps is not None else torch.finfo(torch.float32).eps
-    return ops._fused(x, None, w, None, eps, True)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, True)[0]
 
 
 def _llama_rms_norm(x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
-    return ops._fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, x.dtype), False, 1)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, x.dtype), False, 1)[0]
 
 
 def _gemma_rms_norm(x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
-    return ops._fused(x, None, w, None, eps, True, x.dtype, True, 0)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, True, x.dtype, True, 0)[0]
 
 
 def _t5_layer_norm(x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
     if w.dtype in (torch.float16, torch.bfloat16):
-        return ops._fused(x, None, w, None, eps, True, w.dtype, False, 2)[0]
-    return ops._fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, torch.float32), False, 0)[0]
+        return ops.dispatch.fused(x, None, w, None, eps, True, w.dtype, False, 2)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, torch.float32), False, 0)[0]
 
 
 def _float32_rms_norm(x, w, b, eps, m):
@@ -272,13 +267,13 @@ def _float32_rms_norm(x, w, b, eps, m):
         w = w.expand(x.shape[-1:]).contiguous()
     if not _fits(x, w):
         return None
-    return ops._fused(x, None, w, None, eps, True, x.dtype, False, 0)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, True, x.dtype, False, 0)[0]
 
 
 def _float32_layer_norm(x, w, b, eps, m):
     if not _fits(x, w, b) or (w is None and x.shape[-1:] != tuple(m.normalized_shape)):
         return None
-    return ops._fused(x, None, w, b, eps, False, x.dtype, False, 0)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, False, x.dtype, False, 0)[0]
 
 
 def _layer_norm_1p(x, w, b, eps, m):
@@ -292,14 +287,14 @@ def _layer_norm_1p(x, w, b, eps, m):
             and t.dtype != torch.float64 else t
             for t in (x, w, b)
         )
-    return ops._fused(x, None, w, b, eps, False)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, False)[0]
 
 
 def _deberta_layer_norm(x, w, b, eps, m):
     if w is None or b is None or not _fits(x, w, b):
         return None
     out = torch.promote_types(torch.promote_types(w.dtype, x.dtype), b.dtype)
-    return ops._fused(x, None, w, b, eps, False, out, False, 1)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, False, out, False, 1)[0]
 
 
 # ---- what a recognised module's settings allow ----------------------------------------------------

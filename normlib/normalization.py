@@ -25,9 +25,8 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-from . import functional as F
 from . import ops
-from ._checks import _shape_t, check_dtypes, check_eps, check_float_tensor, check_positive_int, normalize_shape
+from ._checks import _shape_t, check_eps, check_positive_int, normalize_shape
 
 __all__ = ["LayerNorm", "RMSNorm", "GroupNorm"]
 
@@ -65,28 +64,6 @@ def _accepts_bias(cls: type[nn.Module]) -> bool:
     return "bias" in inspect.signature(cls.__init__).parameters
 
 
-def _layer_norm(input, normalized_shape, weight, bias, eps):
-    """The fused kernels for CUDA rows they cover, the reference math otherwise."""
-    check_float_tensor(input)
-    if len(normalized_shape) == 1 and ops.use_fused(input):
-        F.check_layer_norm_args(input, normalized_shape, weight, bias, eps)
-        return ops.layer_norm(input, weight, bias, eps)
-    return F.layer_norm(input, normalized_shape, weight, bias, eps)
-
-
-def _rms_norm(input, normalized_shape, weight, eps):
-    check_float_tensor(input)
-    # any weight dtype, as torch.nn.RMSNorm: the kernels take the input's or float32
-    if len(normalized_shape) == 1 and ops.use_fused(input) and (weight is None or weight.dtype in (input.dtype, torch.float32)):
-        _, eps = F.check_rms_norm_args(input, normalized_shape, weight, eps)
-        return ops.rms_norm(input, weight, eps)
-    return F.rms_norm(input, normalized_shape, weight, eps)
-
-
-def _group_norm(input, num_groups, weight, bias, eps):
-    return F.group_norm(input, num_groups, weight, bias, eps)
-
-
 class LayerNorm(_NormlibRepr, nn.LayerNorm):
     r"""Layer normalization over the trailing ``normalized_shape`` dimensions.
 
@@ -116,8 +93,10 @@ class LayerNorm(_NormlibRepr, nn.LayerNorm):
         >>> ln
         normlib.LayerNorm((4,), eps=1e-05, elementwise_affine=True, bias=True)
 
-    On CUDA tensors normalized over one dimension, forward and backward run
-    through the fused Triton kernels (see :func:`normlib.ops.path_for`).
+    Computed by the implementation :func:`normlib.ops.routing.route` picks: the
+    fused Triton kernels on CUDA tensors normalized over one dimension,
+    torch's own op with its statistics checked on CPU, the reference math of
+    :mod:`normlib.functional` wherever neither is right for the call.
     """
 
     def __init__(
@@ -140,7 +119,7 @@ class LayerNorm(_NormlibRepr, nn.LayerNorm):
             nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        return ops.dispatch.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 
@@ -166,8 +145,10 @@ class RMSNorm(_NormlibRepr, nn.RMSNorm):
         >>> RMSNorm(4)(torch.randn(2, 4)).shape
         torch.Size([2, 4])
 
-    On CUDA tensors normalized over one dimension, forward and backward run
-    through the fused Triton kernels (see :func:`normlib.ops.path_for`).
+    Computed by the implementation :func:`normlib.ops.routing.route` picks: the
+    fused Triton kernels on CUDA tensors normalized over one dimension, the
+    reference math of :mod:`normlib.functional` elsewhere (torch's RMSNorm
+    returns no statistics to check, and normalizes rows beyond ~1.8e19 to zeros).
     """
 
     def __init__(
@@ -186,7 +167,7 @@ class RMSNorm(_NormlibRepr, nn.RMSNorm):
             nn.init.ones_(self.weight)
 
     def forward(self, input: Tensor) -> Tensor:
-        return _rms_norm(input, self.normalized_shape, self.weight, self.eps)
+        return ops.dispatch.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
 
@@ -241,6 +222,6 @@ class GroupNorm(_NormlibRepr, nn.GroupNorm):
             nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        return _group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+        return ops.dispatch.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
 

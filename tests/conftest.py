@@ -19,3 +19,28 @@ TOL = {
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def kernels_on_cpu():
+    """Call the returned function to run the rest of the test on the kernels, CPU tensors included.
+
+    It forces the route onto the fused path (``normlib.ops.force_path("fused")``),
+    where CPU tensors run through Triton's interpreter, until the test ends;
+    it skips the test where Triton or its interpreter is missing.
+    """
+    import contextlib
+
+    from normlib import ops
+
+    stack = contextlib.ExitStack()
+
+    def enter() -> None:
+        if not ops.HAS_TRITON:
+            pytest.skip("needs Triton (its interpreter runs the kernels on CPU)")
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("needs TRITON_INTERPRET=1 before Triton is imported")
+        stack.enter_context(ops.force_path("fused"))
+
+    with stack:
+        yield enter

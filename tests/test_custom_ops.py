@@ -33,6 +33,13 @@ def _args(kind, residual, affine, dtype=torch.float32, shape=(5, 40)):
     return (x, r, w, b, 1e-5, kind == "rms", None, False, 0)
 
 
+@pytest.fixture(autouse=True)
+def _kernels_on_cpu():
+    """The operators run the kernels on CPU only where the fused path is forced."""
+    with ops.force_path("fused"):
+        yield
+
+
 CASES = [(k, r, a) for k in ("layer", "rms") for r in ("none", "same", "float32") for a in ("none", "weight", "both")
          if not (k == "rms" and a == "both")]
 
@@ -43,18 +50,16 @@ def test_opcheck(kind, residual, affine):
 
 
 @pytest.mark.parametrize("kind,residual,affine", CASES)
-def test_plain_pytorch_branch_matches_the_kernels(kind, residual, affine, monkeypatch):
-    from normlib.ops import _custom_ops as C
-
+def test_plain_pytorch_branch_matches_the_kernels(kind, residual, affine):
     args = _args(kind, residual, affine, dtype=torch.float64, shape=(4, 3, 24))
     results = {}
-    for name, on in (("kernels", True), ("plain", False)):
-        monkeypatch.setattr(C, "_kernels_run_on", lambda t, on=on: on)
-        leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
-        outs = torch.ops.normlib.fused_norm.default(*leaves)
-        g = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(outs[:2])]
-        loss = (outs[0] * g[0]).sum() + ((outs[1] * g[1]).sum() if residual != "none" else 0)
-        loss.backward()
+    for name, path in (("kernels", "fused"), ("plain", "reference")):
+        with ops.force_path(path):
+            leaves = [a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args]
+            outs = torch.ops.normlib.fused_norm.default(*leaves)
+            g = [torch.randn(o.shape, dtype=o.dtype, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(outs[:2])]
+            loss = (outs[0] * g[0]).sum() + ((outs[1] * g[1]).sum() if residual != "none" else 0)
+            loss.backward()
         results[name] = list(outs) + [a.grad for a in leaves if isinstance(a, torch.Tensor)]
     # float64 throughout, except that a float32 residual makes the residual sum and its statistics float32
     tol = dict(rtol=1e-12, atol=1e-12) if residual != "float32" else dict(rtol=1e-5, atol=1e-6)

@@ -16,31 +16,44 @@ from normlib import ops
 
 
 def test_path_for_rules(monkeypatch):
+    from normlib.ops import routing as R
+
     x = torch.randn(4, 8)
-    monkeypatch.setattr(ops, "HAS_TRITON", True)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert ops.path_for(x) == "reference"  # CPU tensor, no interpreter
+    monkeypatch.setattr(R, "HAS_TRITON", True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert ops.path_for(x) == "triton-interpreter"
-    assert ops.path_for(x, torch.randn(4, 8)) == "triton-interpreter"
-    assert ops.path_for(x.to(torch.float16)) == "triton-interpreter"
-    # rows over 64 KiB, empty rows, 0-D input, meta tensors: reference
-    assert ops.path_for(torch.randn(2, 16385)) == "reference"
-    assert ops.path_for(torch.randn(2, 16384)) == "triton-interpreter"
-    assert ops.path_for(torch.randn(2, 32768, dtype=torch.bfloat16)) == "triton-interpreter"
-    assert ops.path_for(torch.randn(2, 16384, dtype=torch.bfloat16), torch.randn(2, 16384, dtype=torch.float64)) == "reference"
-    assert ops.path_for(torch.randn(3, 0)) == "reference"
-    assert ops.path_for(torch.tensor(1.0)) == "reference"
-    assert ops.path_for(torch.empty(4, 8, device="meta")) == "reference"
-    monkeypatch.setattr(ops, "HAS_TRITON", False)
-    assert ops.path_for(x) == "reference"
+    assert ops.path_for(x) == "native"  # a CPU tensor: torch's op, checked; the interpreter only when forced
+    assert ops.path_for(x, op="rms_norm") == "reference"  # no native RMSNorm with statistics to check
+    with ops.force_path("fused"):
+        assert ops.path_for(x) == "triton-interpreter"
+        assert ops.path_for(x, torch.randn(4, 8)) == "triton-interpreter"
+        assert ops.path_for(x.to(torch.float16)) == "triton-interpreter"
+        # rows over 64 KiB, empty rows, 0-D input, meta tensors: reference
+        assert ops.path_for(torch.randn(2, 16385)) == "reference"
+        assert ops.path_for(torch.randn(2, 16384)) == "triton-interpreter"
+        assert ops.path_for(torch.randn(2, 32768, dtype=torch.bfloat16)) == "triton-interpreter"
+        assert ops.path_for(torch.randn(2, 16384, dtype=torch.bfloat16), torch.randn(2, 16384, dtype=torch.float64)) == "reference"
+        assert ops.path_for(torch.randn(3, 0)) == "reference"
+        assert ops.path_for(torch.tensor(1.0)) == "reference"
+        assert ops.path_for(torch.empty(4, 8, device="meta")) == "reference"
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert ops.path_for(x) == "reference"  # forced, but the kernels cannot run here
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setattr(R, "HAS_TRITON", False)
+        assert ops.path_for(x) == "reference"
+    with ops.force_path("reference"):
+        assert ops.path_for(x) == "reference"
+    with ops.force_path("native"):
+        assert ops.path_for(x, op="rms_norm") == "reference"  # forced, but no native op to take
+    with pytest.raises(ValueError, match="path must be one of"):
+        with ops.force_path("triton"):
+            pass
 
 
 def test_modules_use_kernels_only_on_cuda(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     x = torch.randn(4, 8)
-    assert not ops.use_fused(x)  # the interpreter is opt-in through normlib.ops only
-    monkeypatch.setattr(ops, "_fused", lambda *a: pytest.fail("modules must not use the kernels on CPU"))
+    assert not ops.use_fused(x)  # the interpreter is opt-in through force_path("fused") only
+    monkeypatch.setattr(ops.dispatch, "fused", lambda *a, **k: pytest.fail("modules must not use the kernels on CPU"))
     nl.LayerNorm(8)(x)
     nl.RMSNorm(8)(x)
     nl.TransformerBlock(8, 2)(x.view(1, 4, 8))
@@ -52,11 +65,16 @@ def test_cuda_tensors_take_the_triton_path():
     assert ops.path_for(x) == "triton" and ops.use_fused(x)
 
 
-def test_fallback_is_the_reference_math(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+@pytest.mark.parametrize("path", ["native", "reference"])
+def test_fallback_is_the_reference_math(path):
     torch.manual_seed(0)
     x, r, w, b = torch.randn(3, 5, 10), torch.randn(3, 5, 10), torch.randn(10), torch.randn(10)
-    assert ops.path_for(x) == "reference"
+    with ops.force_path(path):
+        assert ops.path_for(x) == path
+        _fallback_checks(x, r, w, b)
+
+
+def _fallback_checks(x, r, w, b):
     torch.testing.assert_close(ops.layer_norm(x, w, b, 1e-5), F.layer_norm(x, (10,), w, b, 1e-5))
     torch.testing.assert_close(ops.rms_norm(x, w), F.rms_norm(x, (10,), w))
     y, res = ops.add_layer_norm(x, r, w, b)
@@ -79,7 +97,7 @@ def test_fused_api_rejects_bad_input():
         ops.add_rms_norm(x, x, None, -1.0)
     with pytest.raises(ValueError, match="at least one dimension"):
         ops.layer_norm(torch.tensor(1.0))
-    with pytest.raises(ValueError, match=r"weight must be on the input's device cpu \(got meta\)"):
+    with pytest.raises(ValueError, match=r"weight is on device meta but input is on cpu"):
         ops.layer_norm(x, torch.ones(8, device="meta"))
     with pytest.raises(ValueError, match=r"residual must be on the input's device cpu \(got meta\)"):
         ops.add_rms_norm(x, torch.empty(3, 8, device="meta"))

@@ -266,7 +266,7 @@ def test_import_needs_no_triton_and_prints_nothing():
         "print(torch.allclose(y, nl.functional.rms_norm(2 * x, 4)))\n"
     )
     stdout, stderr = _run(code)
-    assert stdout == [f"{nl.__version__} False", "torch.Size([2, 4]) reference", "True"]
+    assert stdout == [f"{nl.__version__} False", "torch.Size([2, 4]) native", "True"]
     assert stderr == ""
 
 

@@ -110,16 +110,6 @@ def _set(model, path, module):
     setattr(model.get_submodule(parent), leaf, module)
 
 
-def _fused(monkeypatch):
-    """Route the kernels' tensors through Triton's interpreter, as if the CPU were a GPU."""
-    if not ops.HAS_TRITON:
-        pytest.skip("needs Triton (its interpreter runs the kernels on CPU)")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if ops.path_for(torch.randn(2, 8)) != "triton-interpreter":
-        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set")
-    monkeypatch.setattr(nl.interop, "_KERNELS_ON_CPU", True)
-
-
 # ---- every norm of every model, and nothing else changes ------------------------------------------
 
 
@@ -183,7 +173,7 @@ def test_training_is_unchanged(name, dtype):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(SPECS))
-def test_fused_path_agrees_to_rounding(name, dtype, monkeypatch):
+def test_fused_path_agrees_to_rounding(kernels_on_cpu, name, dtype):
     """Through the kernels: outputs, loss and gradients no further from float64 than the original's are.
 
     Gradients are compared in float32 only: the interpreter stores float32 values into bfloat16 by truncating
@@ -195,7 +185,7 @@ def test_fused_path_agrees_to_rounding(name, dtype, monkeypatch):
     model = copy.deepcopy(original)
     exact = copy.deepcopy(original).double()  # the same (rounded) weights, in float64
     nl.swap_norms(model)
-    _fused(monkeypatch)
+    kernels_on_cpu()
     inputs = batch()
     outs = [run(m, inputs) for m in (model, original, exact)]
     for o in outs:
@@ -284,7 +274,7 @@ def _convnext(dtype=torch.float32):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_convnext_channels_first_and_last(dtype, monkeypatch):
+def test_convnext_channels_first_and_last(kernels_on_cpu, dtype):
     original = _convnext(dtype).eval()
     model = copy.deepcopy(original)
     report = nl.swap_norms(model)
@@ -301,7 +291,7 @@ def test_convnext_channels_first_and_last(dtype, monkeypatch):
     with torch.no_grad():
         assert torch.equal(model(x).logits, original(x).logits)
     # through the kernels: the same layout (a permuted view) and the same numbers to rounding
-    _fused(monkeypatch)
+    kernels_on_cpu()
     norm, ref_norm = model.convnext.embeddings.layernorm, original.convnext.embeddings.layernorm
     h = torch.randn(2, 8, 5, 6).to(dtype) * 3 + 1
     exact = copy.deepcopy(ref_norm).double()
@@ -329,7 +319,7 @@ def timm_norm(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_timm_layer_norm_and_layer_norm_2d(timm_norm, dtype, monkeypatch):
+def test_timm_layer_norm_and_layer_norm_2d(kernels_on_cpu, timm_norm, dtype):
     torch.manual_seed(0)
     model = nn.Sequential(timm_norm.LayerNorm2d(8), nn.Conv2d(8, 8, 1), timm_norm.LayerNorm2d(8)).to(dtype)
     head = timm_norm.LayerNorm(8).to(dtype)
@@ -343,7 +333,7 @@ def test_timm_layer_norm_and_layer_norm_2d(timm_norm, dtype, monkeypatch):
     assert nl.swap_norms(head).kinds == {"_timm_norm_copy.LayerNorm": "layer_norm"}
     x = torch.randn(2, 8, 4, 5).to(dtype) * 2 + 1
     assert torch.equal(model(x), original(x)) and torch.equal(head(x.transpose(1, 3)), original_head(x.transpose(1, 3)))
-    _fused(monkeypatch)
+    kernels_on_cpu()
     y, y_ref = model(x), original(x)
     assert y.stride() == y_ref.stride()
     exact = copy.deepcopy(original).double()
@@ -577,7 +567,7 @@ def test_torch_norms_in_a_torch_model():
 
 
 @pytest.mark.interpreter
-def test_torch_norms_through_the_kernels(monkeypatch):
+def test_torch_norms_through_the_kernels(kernels_on_cpu):
     torch.manual_seed(0)
     model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), nn.RMSNorm(16, eps=1e-6))
     with torch.no_grad():
@@ -585,7 +575,7 @@ def test_torch_norms_through_the_kernels(monkeypatch):
             p.add_(0.1 * torch.randn_like(p))
     original = copy.deepcopy(model)
     nl.swap_norms(model)
-    _fused(monkeypatch)
+    kernels_on_cpu()
     x = torch.randn(3, 7, 16) * 4 + 2
     torch.testing.assert_close(model(x), original(x), rtol=1e-5, atol=1e-5)
 

@@ -55,16 +55,12 @@ def _rms(n=N):
 
 
 @pytest.fixture
-def kernels(monkeypatch):
+def kernels(kernels_on_cpu, monkeypatch):
     """Run the kernels on CPU tensors through Triton's interpreter, and count the calls that reach them."""
-    if not ops.HAS_TRITON:
-        pytest.skip("needs Triton (its interpreter runs the kernels on CPU)")
-    if ops.path_for(torch.randn(2, 8)) != "triton-interpreter":
-        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set")
-    monkeypatch.setattr(interop, "_KERNELS_ON_CPU", True)
+    kernels_on_cpu()
     calls = []
-    fused = ops._fused
-    monkeypatch.setattr(ops, "_fused", lambda *a, **k: calls.append(a[0].shape) or fused(*a, **k))
+    fused = ops.dispatch.fused
+    monkeypatch.setattr(ops.dispatch, "fused", lambda *a, **k: calls.append(a[0].shape) or fused(*a, **k))
     return calls
 
 

@@ -284,19 +284,15 @@ def test_new_kinds_train_one_step_identically(name):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("name", NEW + ["qwen3", "stablelm", "convnextv2"])
-def test_family_through_the_kernels_agrees_to_rounding(name, monkeypatch):
-    if not ops.HAS_TRITON:
-        pytest.skip("needs Triton (its interpreter runs the kernels on CPU)")
-    if ops.path_for(torch.randn(2, 8)) != "triton-interpreter":
-        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set")
+def test_family_through_the_kernels_agrees_to_rounding(name, kernels_on_cpu, monkeypatch):
     original = _build(name).eval()
     model = copy.deepcopy(original)
     exact = copy.deepcopy(original).double()
     nl.swap_norms(model, warn=False)
-    monkeypatch.setattr(interop, "_KERNELS_ON_CPU", True)
+    kernels_on_cpu()
     calls = []
-    fused = ops._fused
-    monkeypatch.setattr(ops, "_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    fused = ops.dispatch.fused
+    monkeypatch.setattr(ops.dispatch, "fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
     inputs = _inputs(name, torch.float32)
     with torch.no_grad():
         ours, theirs = _first(_run(model, inputs)), _first(_run(original, inputs))

@@ -135,24 +135,16 @@ def test_reference_path_is_bitwise_the_original(case, dtypes):
         assert torch.equal(p.grad, q.grad), n
 
 
-def _through_the_kernels(monkeypatch):
-    if not ops.HAS_TRITON:
-        pytest.skip("needs Triton (its interpreter runs the kernels on CPU)")
-    if ops.path_for(torch.randn(2, 8)) != "triton-interpreter":
-        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set")
-    monkeypatch.setattr(interop, "_KERNELS_ON_CPU", True)
-
-
 @pytest.mark.interpreter
 @pytest.mark.parametrize("dtypes", ["float32", "bfloat16", "bfloat16-input-float32-weights"], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_fused_path_agrees_to_rounding(case, dtypes, monkeypatch):
+def test_fused_path_agrees_to_rounding(kernels_on_cpu, case, dtypes):
     """Through the kernels: as close to float64 as the original is (and the same dtype and layout)."""
     name, kind, make, rank = case
     x_dtype, p_dtype = DTYPES[dtypes]
     original, swapped, _ = _pair(make, p_dtype)
     exact = copy.deepcopy(original).double()
-    _through_the_kernels(monkeypatch)
+    kernels_on_cpu()
     x = _input(rank, x_dtype)
     assert interop.fused(type(swapped)._normlib_binding, swapped, x) is not None  # the kernels do take it
     xa, xb, xr = (x.clone().requires_grad_() for _ in range(3))
@@ -174,7 +166,7 @@ def test_fused_path_agrees_to_rounding(case, dtypes, monkeypatch):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("nn.LayerNorm", "nn.RMSNorm", "ConvNextLayerNorm-first")],
                          ids=lambda c: c[0])
-def test_torch_norms_under_autocast_take_autocasts_dtype(case, monkeypatch):
+def test_torch_norms_under_autocast_take_autocasts_dtype(kernels_on_cpu, case):
     """Under autocast torch casts LayerNorm's/RMSNorm's inputs (γ and β too) first: the swapped module does the same.
 
     On CPU autocast runs layer_norm in bfloat16 (on CUDA in float32): with float32 γ the original computes with γ
@@ -183,7 +175,7 @@ def test_torch_norms_under_autocast_take_autocasts_dtype(case, monkeypatch):
     name, kind, make, rank = case
     original, swapped, _ = _pair(make, torch.float32)
     exact = copy.deepcopy(original).double()
-    _through_the_kernels(monkeypatch)
+    kernels_on_cpu()
     x = _input(rank, torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ya, yb = original(x), swapped(x)

@@ -236,7 +236,8 @@ def test_vmap_over_an_ensembles_parameters(name):
         m.zero_grad()
         m(x).square().sum().backward()
         for n, p in m.named_parameters():
-            torch.testing.assert_close(g[n][i], p.grad, msg=n)
+            # vmap batches the block's matmuls, and eager runs torch's LayerNorm: rounding apart
+            torch.testing.assert_close(g[n][i], p.grad, rtol=1e-5, atol=1e-5, msg=n)
 
 
 # ----------------------------------------------------------------------------
@@ -257,6 +258,8 @@ def test_fused_path_second_derivatives(op):
     r = torch.randn(2, 3, dtype=F64, requires_grad=True)
     w = torch.rand(3, dtype=F64, requires_grad=True)
     b = torch.randn(3, dtype=F64, requires_grad=True)
+    fused = ops.force_path("fused")
+    fused.__enter__()
     assert ops.path_for(x) == "triton-interpreter"
     f, args = {
         "layer_norm": (lambda x, w, b: ops.layer_norm(x, w, b), (x, w, b)),
@@ -264,12 +267,20 @@ def test_fused_path_second_derivatives(op):
         "add_layer_norm": (lambda x, r, w, b: ops.add_layer_norm(x, r, w, b), (x, r, w, b)),
         "add_rms_norm": (lambda x, r, w: ops.add_rms_norm(x, r, w), (x, r, w)),
     }[op]
-    assert torch.autograd.gradgradcheck(f, args)
+    try:
+        assert torch.autograd.gradgradcheck(f, args)
+    finally:
+        fused.__exit__(None, None, None)
 
 
 @needs_interpreter
 @pytest.mark.interpreter
 def test_fused_path_under_func_transforms_equals_the_reference():
+    with ops.force_path("fused"):
+        _fused_path_under_func_transforms()
+
+
+def _fused_path_under_func_transforms():
     torch.manual_seed(0)
     x, w, b = torch.randn(3, 5), torch.rand(5) + 0.5, torch.randn(5)
     assert ops.path_for(x) == "triton-interpreter"

@@ -19,9 +19,11 @@ An operator cannot return ``None``: an output that does not exist (no
 residual, no mean for RMSNorm, no weight or bias gradient) is an empty
 tensor, and :func:`fused_norm` maps it back to ``None``.
 
-On tensors the kernels do not run on (CPU without ``TRITON_INTERPRET=1``)
-the operators compute the same outputs, with the same per-row statistics,
-in plain PyTorch, so they are correct on every device.
+On tensors the kernels do not run on (see
+:func:`normlib.ops.routing.kernels_run_on`: CPU tensors, unless inside
+``force_path("fused")`` with Triton's interpreter) the operators compute
+the same outputs, with the same per-row statistics, in plain PyTorch, so
+they are correct on every device.
 """
 
 # No `from __future__ import annotations` here: torch 2.4-2.5 infer an
@@ -30,6 +32,9 @@ from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from ._rounding import round_xhat as _rounded
+from .routing import kernels_run_on
 
 # Importing this module registers the operators; it does not import Triton
 # (the kernels are imported when an operator first runs on a device that has them).
@@ -41,22 +46,8 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _kernels_run_on(x: Tensor) -> bool:
-    import os
-
-    return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
 def _empty(like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     return torch.empty((0,), dtype=dtype or like.dtype, device=like.device)
-
-
-def _round(xhat, round_xhat, x_dtype, weight):
-    if round_xhat == 1:
-        return xhat.to(x_dtype).to(xhat.dtype)
-    if round_xhat == 2:
-        return xhat.to(weight.dtype).to(xhat.dtype)
-    return xhat
 
 
 def _reference_forward(x, residual, weight, bias, eps, is_rms, out_dtype=None, w_plus_one=False, round_xhat=0):
@@ -80,7 +71,7 @@ def _reference_forward(x, residual, weight, bias, eps, is_rms, out_dtype=None, w
     rstd = 1.0 / torch.sqrt(var + eps)
     rstd = torch.where(torch.isinf(var), torch.full_like(rstd, float("nan")), rstd)  # as the kernel: NaN, not 0
     y = xc * rstd[:, None]
-    y = _round(y, round_xhat, x.dtype, weight)
+    y = _rounded(y, round_xhat, x.dtype, weight)
     if weight is not None:
         y = y * (weight.to(acc) + 1.0 if w_plus_one else weight.to(acc))
     if bias is not None:
@@ -101,7 +92,7 @@ def _reference_backward(dy, dres, normalized, weight, mean, rstd, is_rms, x_dtyp
     g = dy.reshape(-1, N).to(acc)
     w = (weight.to(acc) + 1.0 if w_plus_one else weight.to(acc)) if weight is not None else None
     wdy = g * w if weight is not None else g  # ĝ = γ ⊙ dy
-    dweight = (g * _round(xhat, round_xhat, x_dtype, weight)).sum(0).to(weight.dtype) if weight is not None else None
+    dweight = (g * _rounded(xhat, round_xhat, x_dtype, weight)).sum(0).to(weight.dtype) if weight is not None else None
     dbias = g.sum(0).to(bias_dtype) if bias_dtype is not None else None
     c1 = (xhat * wdy).mean(-1, keepdim=True)
     dx = (wdy - xhat * c1) * r if is_rms else (wdy - (xhat * c1 + wdy.mean(-1, keepdim=True))) * r
@@ -117,7 +108,7 @@ def _fused_norm_op(
     out_dtype: Optional[torch.dtype], w_plus_one: bool, round_xhat: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     opts: dict[str, Any] = dict(out_dtype=out_dtype, w_plus_one=w_plus_one, round_xhat=round_xhat)
-    if _kernels_run_on(x):
+    if kernels_run_on(x):
         from . import _functions, _kernels
 
         N = x.shape[-1]
@@ -164,7 +155,7 @@ def _fused_norm_backward_op(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     args = (dy, dres, normalized, weight, None if is_rms else mean, rstd, is_rms, x_dtype, residual_dtype, bias_dtype)
     opts: dict[str, Any] = dict(w_plus_one=w_plus_one, round_xhat=round_xhat)
-    if _kernels_run_on(normalized):
+    if kernels_run_on(normalized):
         from . import _functions, _kernels
 
         N = normalized.shape[-1]

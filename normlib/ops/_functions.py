@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import _kernels
+from ._rounding import round_xhat
 
 
 def _rows(t: torch.Tensor, N: int) -> tuple[torch.Tensor, int]:
@@ -92,8 +93,6 @@ def _differentiable_backward(ctx, normalized, weight, dy, dres_out):
     rounding points as the kernels' backward (x̂ rounded only where γ's
     gradient sees it).
     """
-    from ._custom_ops import _round
-
     need_x, need_res, need_w, need_b = ctx.needs_input_grad[:4]
     has_res = ctx.residual_dtype is not None
     N = normalized.shape[-1]
@@ -117,7 +116,7 @@ def _differentiable_backward(ctx, normalized, weight, dy, dres_out):
         else:
             dx = (ghat - ghat.mean(-1, keepdim=True) - xhat * c2) * rstd  # rstd · (ĝ − c1 − x̂ c2)
         if need_w and weight is not None:
-            dweight = (g * _round(xhat, ctx.round_xhat, ctx.x_dtype, weight)).sum(0).to(weight.dtype)
+            dweight = (g * round_xhat(xhat, ctx.round_xhat, ctx.x_dtype, weight)).sum(0).to(weight.dtype)
         if need_b and ctx.bias_dtype is not None:
             dbias = g.sum(0).to(ctx.bias_dtype)
     if has_res and dres_out is not None:

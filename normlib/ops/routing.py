@@ -1,0 +1,309 @@
+"""Which implementation computes a norm: the one routing decision of normlib.
+
+Three implementations can compute a call:
+
+* ``"fused"``: normlib's Triton kernels (CUDA tensors; CPU tensors only
+  through Triton's interpreter, and only inside :func:`force_path`);
+* ``"native"``: torch's own ATen op, with a check of its statistics
+  (:mod:`normlib.ops.native`) that hands the call to the reference whenever
+  torch's single-pass statistics could be wrong for it;
+* ``"reference"``: :mod:`normlib.functional`, the readable math of the book.
+
+:func:`route` decides, from the call's device, dtypes, shape, grad mode,
+compile and transform state, and from a crossover table measured on a
+machine and committed with its provenance (``crossover.json`` beside this
+file, written by ``python -m normlib.benchmark.crossover``). Every other
+question in normlib about "which code runs?" (:func:`normlib.ops.path_for`,
+:func:`normlib.ops.use_fused`, :mod:`normlib.interop`, the custom operator's
+choice between kernels and plain PyTorch) is answered by calling it.
+
+Example:
+    >>> route("layer_norm", torch.randn(4, 8))
+    'native'
+    >>> with force_path("reference"):
+    ...     route("layer_norm", torch.randn(4, 8))
+    'reference'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+from pathlib import Path as _FilePath
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from .._autocast import autocast_enabled
+
+__all__ = ["FUSED", "NATIVE", "REFERENCE", "PATHS", "OPS", "route", "force_path", "forced_path", "kernels_cover",
+           "kernels_run_on", "crossover_table", "HAS_TRITON"]
+
+FUSED, NATIVE, REFERENCE = "fused", "native", "reference"
+PATHS = (FUSED, NATIVE, REFERENCE)
+
+# The ops normlib routes ("batch_norm_eval": BatchNorm with its running statistics, which has its own
+# crossover), and which of them torch has a native op for whose statistics normlib can check
+# (torch's rms_norm returns none before 2.13: RMSNorm keeps the reference).
+OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm", "batch_norm_eval", "instance_norm")
+_ROW_OPS = ("layer_norm", "rms_norm")  # over the last dimension: what the kernels compute
+_HAS_NATIVE = ("layer_norm", "group_norm", "batch_norm", "batch_norm_eval", "instance_norm")
+_NATIVE_DTYPES = (torch.float32, torch.float64)
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_ROW_BYTES = 64 * 1024  # the kernels hold one row in registers/shared memory
+
+
+def _triton_installed() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["triton"] = None
+        return False
+
+
+HAS_TRITON: bool = _triton_installed()
+
+# A module global, not a ContextVar: torch.compile reads a global (and guards on it), not a ContextVar.
+_FORCED: Optional[str] = None
+
+
+@contextlib.contextmanager
+def force_path(path: str) -> Iterator[None]:
+    """Run every normlib call inside the block on ``path`` wherever it can compute that call.
+
+    ``"fused"`` takes the kernels wherever they cover the call, CPU tensors
+    included when ``TRITON_INTERPRET=1`` was set before Triton was imported;
+    ``"native"`` takes torch's op (with its statistics checked) for the norms
+    that have one; ``"reference"`` always runs :mod:`normlib.functional`. A
+    call the forced path cannot compute takes the reference. For tests and
+    for comparing implementations; nests, and holds for the whole process
+    while the block runs.
+
+    Example:
+        >>> with force_path("reference"):
+        ...     route("layer_norm", torch.randn(2, 4))
+        'reference'
+    """
+    global _FORCED
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS} (got {path!r})")
+    old, _FORCED = _FORCED, path
+    try:
+        yield
+    finally:
+        _FORCED = old
+
+
+def forced_path() -> Optional[str]:
+    """The path :func:`force_path` imposes here, or ``None``."""
+    return _FORCED
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def kernels_run_on(x: Tensor) -> bool:
+    """Whether the kernels can run on ``x``'s device at all: CUDA, or CPU through the interpreter when forced.
+
+    :func:`force_path` ``("reference")`` or ``("native")`` answers ``False``:
+    then even the custom operator computes with plain PyTorch.
+    """
+    forced = _FORCED
+    if not HAS_TRITON or forced in (NATIVE, REFERENCE):
+        return False
+    if x.is_cuda:
+        return True
+    return forced == FUSED and x.device.type == "cpu" and _interpreter_on()
+
+
+def kernels_cover(x: Tensor, residual: Optional[Tensor] = None) -> bool:
+    """Whether the kernels compute rows of ``x`` (and ``residual``): dtype and row size.
+
+    float16/bfloat16/float32/float64 rows of at most 64 KiB (16384 float32
+    or 32768 bfloat16 values), never empty.
+    """
+    if x.dim() == 0 or x.dtype not in KERNEL_DTYPES:
+        return False
+    size = x.element_size()
+    if residual is not None:
+        if residual.dtype not in KERNEL_DTYPES or residual.device != x.device:
+            return False
+        size = max(size, residual.element_size())
+    N = x.shape[-1]
+    return 0 < N and N * size <= _ROW_BYTES
+
+
+def _transformed() -> bool:
+    """Whether a ``torch.func`` transform or a forward-mode AD level is active."""
+    return bool(torch._C._are_functorch_transforms_active()) or torch.autograd.forward_ad._current_level >= 0
+
+
+def _compiling() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+# ---- the crossover table -------------------------------------------------------------------------
+
+_TABLE_FILE = _FilePath(__file__).with_name("crossover.json")
+
+
+def _load_table() -> dict:
+    try:
+        data = json.loads(_TABLE_FILE.read_text())
+    except (OSError, ValueError):  # an installation without it: torch's op wherever normlib has one
+        return {}
+    return {dev: {op: {k: [(int(b), str(p)) for b, p in bands] for k, bands in dirs.items()}
+                  for op, dirs in ops.items()}
+            for dev, ops in data.get("routes", {}).items()}
+
+
+_TABLE = _load_table()
+
+
+def crossover_table() -> dict:
+    """The committed crossover table: ``{device: {op: {"forward"|"backward": [(min_numel, path), ...]}}}``.
+
+    In each band list the last band whose ``min_numel`` is at most the
+    call's element count names the path; ``"backward"`` applies to calls that
+    record a graph for a gradient. Its provenance is in ``crossover.json``.
+    """
+    return {dev: {op: {k: list(v) for k, v in dirs.items()} for op, dirs in ops.items()} for dev, ops in _TABLE.items()}
+
+
+def _from_table(device: str, op: str, numel: int, grad: bool) -> Optional[str]:
+    bands = _TABLE.get(device, {}).get(op, {}).get("backward" if grad else "forward")
+    if not bands:
+        return None
+    choice = bands[0][1]
+    for lo, path in bands:
+        if numel < lo:
+            break
+        choice = path
+    return choice
+
+
+# ---- the decision ----------------------------------------------------------------------------------
+
+_COMPILE_MODES = ("reference", "kernels")
+# Measured on an H100 (book/data/model_benchmark.json): a compiled GPT-2-small training step ran
+# 1.58x eager when inductor generated its own norm kernels ("reference"), 1.26x when normlib's
+# kernels stayed in the graph as opaque operators ("kernels"), which inductor cannot fuse with
+# their neighbours. So "reference" is the default.
+_COMPILE_MODE = "reference"
+
+
+def set_compile_mode(mode: str) -> str:
+    """What ``torch.compile`` does with normlib's norms on the tensors the kernels cover; returns the old mode.
+
+    * ``"reference"`` (default): the compiler traces normlib's reference math
+      and generates its own kernels for it, fusing the norm with its
+      neighbours (a bias add, a cast, the residual add);
+    * ``"kernels"``: the fused kernels stay in the compiled graph as the
+      custom operators ``normlib::fused_norm`` / ``normlib::fused_norm_backward``.
+
+    On an H100 a compiled GPT-2-small training step ran 1.58x eager PyTorch
+    with ``"reference"`` and 1.26x with ``"kernels"`` (``book/data/model_benchmark.json``).
+
+    Example:
+        >>> old = set_compile_mode("reference"); _ = set_compile_mode(old)
+    """
+    global _COMPILE_MODE
+    if mode not in _COMPILE_MODES:
+        raise ValueError(f"mode must be one of {_COMPILE_MODES} (got {mode!r})")
+    old, _COMPILE_MODE = _COMPILE_MODE, mode
+    return old
+
+
+def compile_mode() -> str:
+    """The current :func:`set_compile_mode` setting."""
+    return _COMPILE_MODE
+
+
+def _wants_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def route(
+    op: str,
+    x: Tensor,
+    residual: Optional[Tensor] = None,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    *,
+    rows: bool = True,
+) -> str:
+    """The implementation that computes ``op`` on ``x``: ``"fused"``, ``"native"`` or ``"reference"``.
+
+    Args:
+        op: one of :data:`OPS`.
+        x: the (already validated) input.
+        residual: for the add + norm of a Pre-Norm step (row norms only).
+        weight, bias: the parameters (their dtypes and whether they want a gradient count).
+        rows: whether the norm is over the last dimension alone (the only one the kernels compute).
+
+    The rules, in order:
+
+    1. under a ``torch.func`` transform or forward-mode AD, or while
+       ``torch.jit.trace`` records: the reference, whose autograd Functions
+       carry the derivatives the transforms need and which branches on no value;
+    2. inside :func:`force_path`, the forced path wherever it can compute the
+       call (while ``torch.compile`` traces: the kernels only in compile mode
+       ``"kernels"``, torch's op with its check never);
+    3. while ``torch.compile`` traces: the kernels as custom operators in
+       compile mode ``"kernels"`` where they cover the call, else the
+       reference, which the compiler fuses with its neighbours;
+    4. CUDA: the kernels wherever they cover the call (row norms, kernel
+       dtypes, rows up to 64 KiB, γ in the input's dtype or float32), else the reference;
+    5. elsewhere: the crossover table for this device, op, grad mode and
+       element count; without an entry, torch's native op where normlib has
+       one, else the reference; under autocast, the reference (which follows
+       torch's autocast policy op by op).
+    """
+    if _transformed() or torch._C._get_tracing_state() is not None:
+        return REFERENCE
+    forced = _FORCED
+    if forced is not None:
+        if forced == FUSED and _covered(op, x, residual, weight, bias, rows) and kernels_run_on(x):
+            return REFERENCE if _compiling() and _COMPILE_MODE == "reference" else FUSED
+        if forced == NATIVE and _native_takes(op, x, residual) and not _compiling():
+            return NATIVE
+        return REFERENCE
+    if _compiling():
+        kernels = _COMPILE_MODE == "kernels" and kernels_run_on(x) and _covered(op, x, residual, weight, bias, rows)
+        return FUSED if kernels else REFERENCE
+    if x.is_cuda:
+        return FUSED if HAS_TRITON and _covered(op, x, residual, weight, bias, rows) else REFERENCE
+    if not _native_takes(op, x, residual) or autocast_enabled("cpu"):
+        return REFERENCE
+    grad = _wants_grad((x, residual, weight, bias))
+    return _from_table("cpu", op, x.numel(), grad) or NATIVE
+
+
+def _native_takes(op: str, x: Tensor, residual: Optional[Tensor]) -> bool:
+    """Whether torch's op computes this call as normlib would: float32/float64 CPU tensors.
+
+    With float16/bfloat16 input torch's CPU kernels accumulate γ's and β's
+    gradients in the input's precision (chapter 07 measures it: γ's gradient
+    off by more than 1e-3 where normlib's float32 accumulation errs by less
+    than 1e-4), so those take the reference.
+    """
+    return (op in _HAS_NATIVE and x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES
+            and (residual is None or residual.dtype in _NATIVE_DTYPES))
+
+
+def _covered(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
+             rows: bool) -> bool:
+    """Whether the kernels compute this call: a row norm, rows they hold, γ/β as they read them."""
+    return rows and op in _ROW_OPS and kernels_cover(x, residual) and _params_ok(x, weight, bias)
+
+
+def _params_ok(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> bool:
+    """γ/β as the kernels read them: of the input's dtype or float32, one value per element of a row."""
+    for t in (weight, bias):
+        if t is not None and (t.dtype not in (x.dtype, torch.float32) or t.dim() != 1 or t.device != x.device):
+            return False
+    return True
