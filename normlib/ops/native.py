@@ -4,7 +4,8 @@ torch's CPU kernels compute a slice's mean and variance in one pass, in
 the input's precision (float32 for float32 input). That is fast and, for
 values near zero, as accurate as normlib's two-pass reference. But the
 variance loses digits in proportion to :math:`|\mu|/\sigma`: a row of
-``1e4 + 1e-3 * randn`` comes out wrong in the second decimal, a constant
+``1e4 + 1e-3 * randn`` comes out wrong in the second decimal (LayerNorm,
+GroupNorm and BatchNorm alike), with AVX2/AVX-512 kernels a constant
 BatchNorm channel of 3e5 is normalized to ±3 instead of 0, and a slice
 whose squares overflow float32 (values beyond ~1.8e19) is normalized to
 zeros (to ``bias``) or NaN. normlib never returns such a number.
