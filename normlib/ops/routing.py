@@ -286,10 +286,10 @@ def route(
 def _native_takes(op: str, x: Tensor, residual: Optional[Tensor]) -> bool:
     """Whether torch's op computes this call as normlib would: float32/float64 CPU tensors.
 
-    With float16/bfloat16 input torch's CPU kernels accumulate γ's and β's
-    gradients in the input's precision (chapter 07 measures it: γ's gradient
-    off by more than 1e-3 where normlib's float32 accumulation errs by less
-    than 1e-4), so those take the reference.
+    With float16/bfloat16 input torch's CPU LayerNorm returns γ's and β's
+    gradients far less accurately than normlib's float32 accumulation
+    (chapter 07 measures it: γ's gradient off by more than 1e-3, the
+    reference's by less than 1e-4), so those take the reference.
     """
     return (op in _HAS_NATIVE and x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES
             and (residual is None or residual.dtype in _NATIVE_DTYPES))
