@@ -14,7 +14,7 @@ Which implementation computes a call is decided in one place,
 :func:`normlib.ops.routing.route`: the Triton kernels (``"fused"``), torch's
 own op with its statistics checked (``"native"``), or :mod:`normlib.functional`
 (``"reference"``). :func:`path_for` and :func:`use_fused` are views of it;
-:func:`force_path` pins it for a block of code. Triton is imported lazily,
+:func:`~normlib.ops.routing.force_path` pins it for a block of code. Triton is imported lazily,
 on the first call that needs it; ``import normlib`` works without it.
 """
 
@@ -47,7 +47,7 @@ _PATH_NAMES = {NATIVE: "native", REFERENCE: "reference"}
 
 
 def path_for(x: Tensor, residual: Optional[Tensor] = None, op: str = "layer_norm") -> str:
-    """Which implementation normalizes ``x`` (and adds ``residual``) over its last dimension: a view of :func:`route`.
+    """Which implementation normalizes ``x`` (and adds ``residual``) over its last dimension: a view of :func:`~normlib.ops.routing.route`.
 
     Returns ``"triton"`` (the kernels on a CUDA tensor), ``"triton-interpreter"``
     (the kernels on a CPU tensor through Triton's interpreter, inside
@@ -75,7 +75,7 @@ def path_for(x: Tensor, residual: Optional[Tensor] = None, op: str = "layer_norm
 
 
 def use_fused(x: Tensor, residual: Optional[Tensor] = None) -> bool:
-    """Whether the route sends ``x`` (and ``residual``) through the kernels: a view of :func:`route`."""
+    """Whether the route sends ``x`` (and ``residual``) through the kernels: a view of :func:`~normlib.ops.routing.route`."""
     # the kernels run only where they can run at all: a CPU tensor is answered without the whole route
     return isinstance(x, torch.Tensor) and kernels_run_on(x) and route("layer_norm", x, residual) == FUSED
 
@@ -87,7 +87,7 @@ def _rows_of(x) -> tuple:
 
 
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
-    """LayerNorm over the last dimension, by the implementation :func:`route` picks.
+    """LayerNorm over the last dimension, by the implementation :func:`~normlib.ops.routing.route` picks.
 
     Same result as ``normlib.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)``.
     """

@@ -12,7 +12,7 @@ zeros (to ``bias``) or NaN. normlib never returns such a number.
 
 So each function here runs torch's op, which also returns the per-slice
 mean and :math:`1/\sqrt{\sigma^2+\epsilon}`, and looks at them: if for
-every slice :math:`|\mu| \cdot \mathrm{rstd} \le` :data:`TRUST` and
+every slice :math:`|\mu| \cdot \mathrm{rstd} \le` ``TRUST`` (4) and
 :math:`\mathrm{rstd} > 0`, torch's answer is within a few float32
 roundings of the exact one (book chapter 07 measures it) and is returned;
 otherwise the function returns ``None`` and the caller computes the call

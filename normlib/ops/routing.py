@@ -239,7 +239,8 @@ def route(
     """The implementation that computes ``op`` on ``x``: ``"fused"``, ``"native"`` or ``"reference"``.
 
     Args:
-        op: one of :data:`OPS`.
+        op: one of ``OPS`` (``"layer_norm"``, ``"rms_norm"``, ``"group_norm"``, ``"batch_norm"``,
+            ``"batch_norm_eval"``, ``"instance_norm"``).
         x: the (already validated) input.
         residual: for the add + norm of a Pre-Norm step (row norms only).
         weight, bias: the parameters (their dtypes and whether they want a gradient count).
