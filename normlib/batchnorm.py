@@ -31,6 +31,7 @@ from torch.nn.modules import batchnorm as _tbn
 from torch.nn.modules import instancenorm as _tin
 
 from . import ops
+from .numerics import momentum_for_step
 from ._checks import check_eps, check_float_tensor, check_momentum, check_positive_int
 from .normalization import _accepts_bias, _NormlibRepr
 
@@ -115,9 +116,7 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         batches = _buffer(self.num_batches_tracked, "num_batches_tracked")
         with torch.no_grad():
             batches.add_(1)
-        if self.momentum is None:
-            return 1.0 / float(batches)
-        return self.momentum
+        return momentum_for_step(self.momentum, int(batches))
 
 
 

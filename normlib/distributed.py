@@ -60,6 +60,7 @@ from torch.autograd.function import once_differentiable
 from . import functional as F
 from ._checks import check_float_tensor
 from .batchnorm import _buffer, _NormBase
+from .numerics import acc_dtype, centre, channel_view, momentum_for_step, numel, sum_of_squares, update_running
 
 __all__ = [
     "SyncBatchNorm",
@@ -86,36 +87,24 @@ def _device_name(code: int) -> str:
     return _DEVICE_KINDS[code] if code < len(_DEVICE_KINDS) else "other"
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulate in float64 for float64 input, float32 for everything narrower."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _channel_view(p: Tensor, ndim: int) -> Tensor:
-    """(C,) -> (1, C, 1, ..., 1) so that it broadcasts against (N, C, *)."""
-    return p.reshape((1, -1) + (1,) * (ndim - 2))
-
-
 def _shifted_moments(x: Tensor) -> tuple[int, Tensor, Tensor, Tensor, Tensor]:
-    """``(n, x0, shifted, shifted_mean, m2)`` per channel of ``(N, C, *)`` input ``x``.
+    """``(n, x0, xc, shifted_mean, m2)`` per channel of ``(N, C, *)`` input ``x``.
 
-    ``x0`` (``(C,)``) is the channel's first value (0 for an empty slice),
-    ``shifted = x - x0``, ``shifted_mean`` its mean and ``m2`` the sum of
-    squared deviations, all in ``x``'s dtype: the two shifted passes of
-    :func:`normlib.functional.moments`, kept apart so that the mean can be
-    formed in float64 as ``x0 + shifted_mean`` without rounding it to ``x``'s dtype.
+    The shifted two passes of :func:`normlib.numerics.shifted_moments`, kept
+    as parts: ``x0`` (``(C,)``) is the channel's first value (0 for an empty
+    channel), ``shifted_mean`` (``(C,)``) the mean of ``x - x0``, ``xc`` the
+    centred input and ``m2`` (``(C,)``) the sum of squared deviations, all in
+    ``x``'s dtype, so that the mean can be formed in float64 as
+    ``x0 + shifted_mean`` without rounding it to ``x``'s dtype.
     """
     C = x.shape[1]
-    n = x.numel() // C if C else 0
     dims = (0,) + tuple(range(2, x.dim()))
+    n = numel(x, dims)
     if n == 0:
         zeros = x.new_zeros(C)
-        return 0, zeros, x - _channel_view(zeros, x.dim()), zeros.clone(), zeros.clone()
-    x0 = x.detach().reshape(x.shape[0], C, -1)[0, :, 0]  # (C,): the first value of each channel
-    shifted = x - _channel_view(x0, x.dim())
-    shifted_mean = shifted.mean(dims)  # (C,)
-    xc = shifted - _channel_view(shifted_mean, x.dim())
-    return n, x0, shifted, shifted_mean, (xc * xc).sum(dims)
+        return 0, zeros, x, zeros.clone(), zeros.clone()
+    xc, x0, shifted_mean = centre(x, dims)
+    return n, x0.reshape(C), xc, shifted_mean.reshape(C), sum_of_squares(xc, dims).reshape(C)
 
 
 def local_moments(x: Tensor) -> tuple[int, Tensor, Tensor]:
@@ -139,7 +128,7 @@ def local_moments(x: Tensor) -> tuple[int, Tensor, Tensor]:
     check_float_tensor(x, "x")
     if x.dim() < 2:
         raise ValueError(f"local_moments expects x of shape (N, C, *) (got {x.dim()}D x of shape {list(x.shape)})")
-    x = x.to(_acc_dtype(x.dtype))
+    x = x.to(acc_dtype(x.dtype))
     n, x0, _, shifted_mean, m2 = _shifted_moments(x)
     return n, x0.to(_WIRE) + shifted_mean.to(_WIRE), m2.to(_WIRE)
 
@@ -437,9 +426,9 @@ class SyncBatchNormFunction(torch.autograd.Function):
         status = _status_of(error, input, C)
         mine = _message(input, C, step, status, error, device)
         if status == _OK:
-            acc = _acc_dtype(input.dtype)
+            acc = acc_dtype(input.dtype)
             x = input.to(acc)
-            n_local, x0, shifted, shifted_mean, m2_local = _shifted_moments(x)
+            n_local, x0, xc, shifted_mean, m2_local = _shifted_moments(x)
             mine[_COUNT] = n_local
             mine[_HEADER : _HEADER + C] = x0.to(_WIRE) + shifted_mean.to(_WIRE)  # (C,), not rounded to x's dtype
             mine[_HEADER + C :] = m2_local.to(_WIRE)
@@ -459,22 +448,21 @@ class SyncBatchNormFunction(torch.autograd.Function):
             )
         var64 = m264 / n
         if running_mean is not None:
-            with torch.no_grad():
-                for running, batch_value in ((running_mean, mean64), (running_var, m264 / (n - 1))):
-                    racc = _acc_dtype(running.dtype)
-                    new = running.to(racc) * (1.0 - momentum) + batch_value.to(racc) * momentum
-                    running.copy_(new)
+            update_running(running_mean, mean64, momentum)
+            update_running(running_var, m264 / (n - 1), momentum)
 
         # x - mean, as (x - x0) - (mean - x0): the global mean enters only as its (small)
         # distance from this rank's shift, formed in float64, so nothing large is rounded.
-        mean_shift = _channel_view((mean64 - x0.to(_WIRE)).to(acc), input.dim())
-        rstd = _channel_view(torch.rsqrt(var64 + eps).to(acc), input.dim())
-        y = (shifted - mean_shift) * rstd
+        # The forward starts from this rank's centred xc = (x - x0) - shifted_mean.
+        shift64 = mean64 - x0.to(_WIRE)  # (C,)
+        mean_shift = channel_view(shift64.to(acc), input.dim())
+        rstd = channel_view(torch.rsqrt(var64 + eps).to(acc), input.dim())
+        y = (xc - channel_view((shift64 - shifted_mean.to(_WIRE)).to(acc), input.dim())) * rstd
         if weight is not None:
-            y = y * _channel_view(weight.to(acc), input.dim())
+            y = y * channel_view(weight.to(acc), input.dim())
         if bias is not None:
-            y = y + _channel_view(bias.to(acc), input.dim())
-        ctx.save_for_backward(input, weight, _channel_view(x0, input.dim()), mean_shift, rstd)
+            y = y + channel_view(bias.to(acc), input.dim())
+        ctx.save_for_backward(input, weight, channel_view(x0, input.dim()), mean_shift, rstd)
         ctx.n = n
         ctx.group = group
         ctx.timeout, ctx.step, ctx.label = timeout, step, label
@@ -498,9 +486,9 @@ class SyncBatchNormFunction(torch.autograd.Function):
             both = torch.cat([sum_dy, sum_dy_xhat]).to(_WIRE)  # (2C,)
             _wait(torch.distributed.all_reduce(both, group=ctx.group, async_op=True), ctx.timeout,
                   "backward's all_reduce", ctx.label, ctx.group, ctx.step)
-            g_sum_dy = _channel_view(both[:C].to(acc), input.dim())
-            g_sum_dy_xhat = _channel_view(both[C:].to(acc), input.dim())
-            scale = rstd if weight is None else rstd * _channel_view(weight.to(acc), input.dim())
+            g_sum_dy = channel_view(both[:C].to(acc), input.dim())
+            g_sum_dy_xhat = channel_view(both[C:].to(acc), input.dim())
+            scale = rstd if weight is None else rstd * channel_view(weight.to(acc), input.dim())
             grad_input = (scale * (dyf - g_sum_dy / ctx.n - xhat * (g_sum_dy_xhat / ctx.n))).to(input.dtype)
         if weight is not None and ctx.needs_input_grad[1]:
             grad_weight = sum_dy_xhat.to(weight.dtype)
@@ -657,10 +645,8 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
         self._sync_steps += 1
         track = self.track_running_stats
         # The batch is counted once every rank has accepted it (a failed step counts nowhere).
-        if self.momentum is None:
-            momentum = 1.0 / float(_buffer(self.num_batches_tracked, "num_batches_tracked") + 1) if track else 0.0
-        else:
-            momentum = self.momentum
+        batches = int(_buffer(self.num_batches_tracked, "num_batches_tracked")) + 1 if track else 0
+        momentum = momentum_for_step(self.momentum, batches) if track else (self.momentum or 0.0)
         y = SyncBatchNormFunction.apply(
             input, self.weight, self.bias,
             self.running_mean if track else None, self.running_var if track else None,

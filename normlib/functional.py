@@ -47,6 +47,16 @@ import torch
 from torch import Tensor
 
 from ._autocast import autocast_float32
+from .numerics import (
+    acc_dtype as _acc_dtype,
+    channel_view as _channel_view,
+    numel as _numel,
+    recentre as _recentre,
+    safe_rstd as _rstd,
+    shifted_moments as _moments,
+    sum_of_squares as _sum_of_squares,
+    update_running as _update_running,
+)
 from ._checks import (
     _shape_t,
     check_channels,
@@ -75,16 +85,6 @@ __all__ = [
 ]
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulate in float64 for float64 input, float32 for everything narrower."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _channel_view(p: Tensor, ndim: int) -> Tensor:
-    """(C,) -> (1, C, 1, ..., 1) so that it broadcasts against (N, C, *)."""
-    return p.reshape((1, -1) + (1,) * (ndim - 2))
-
-
 def _as(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
     return None if t is None else t.to(dtype)
 
@@ -106,115 +106,6 @@ def _fresh(y: Tensor, dtype: torch.dtype) -> Tensor:
     return y.clone() if torch.compiler.is_compiling() else y
 
 
-def _numel(x: Tensor, dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= x.shape[d]
-    return n
-
-
-# ---------------------------------------------------------------------------
-# Statistics
-# ---------------------------------------------------------------------------
-
-# torch.linalg.vector_norm reads a tensor once without a temporary, but each
-# SIMD lane accumulates its share of a slice one element after another: its
-# relative error grows with the slice (measured in float32: 4e-7 at 3136
-# elements, 2e-5 at 10^6). Longer slices are summed as (xc * xc).sum, which
-# torch accumulates pairwise.
-_VECTOR_NORM_MAX = 16384
-
-
-def _sum_of_squares(xc: Tensor, dims: tuple[int, ...]) -> Tensor:
-    r""":math:`\sum x_c^2` over ``dims`` (non-negative, sorted), with ``keepdim``.
-
-    The trailing block of ``dims`` (all of them for LayerNorm and GroupNorm,
-    the spatial ones for BatchNorm) is reduced by ``vector_norm`` in one read;
-    the rest (BatchNorm's batch dimension) by a sum of those partial results.
-    Squaring a norm can land one rounding away from the exact sum (the
-    variance of ``[0, 2]`` comes out as ``1 - 2**-24``); the kernels and
-    torch's own reductions differ from the exact value by as much.
-    """
-    inner: list[int] = []
-    for d in reversed(range(xc.dim())):
-        if d not in dims:
-            break
-        inner.insert(0, d)
-    if inner and _numel(xc, inner) <= _VECTOR_NORM_MAX:
-        ss = torch.linalg.vector_norm(xc, dim=tuple(inner), keepdim=True).square()
-        outer = tuple(d for d in dims if d not in inner)
-        return ss.sum(outer, keepdim=True) if outer else ss
-    return (xc * xc).sum(dims, keepdim=True)
-
-
-def _first(x: Tensor, dims: tuple[int, ...]) -> Tensor:
-    """``x_0``, the first element of each slice over ``dims`` (``keepdim``, detached).
-
-    Zeros where a slice is empty (there is nothing to shift by).
-    """
-    x0 = x.detach()
-    if any(x.shape[d] == 0 for d in dims):
-        shape = [1 if d in dims else s for d, s in enumerate(x.shape)]
-        return x.new_zeros(shape)
-    for d in dims:
-        x0 = x0.narrow(d, 0, 1)
-    return x0
-
-
-def _centre(x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
-    """``(xc, x0, shifted_mean)``: ``xc = (x - x0) - mean(x - x0)``, a fresh tensor."""
-    x0 = _first(x, dims)
-    xc = x - x0  # exact zeros for a constant slice
-    shifted_mean = xc.mean(dims, keepdim=True)
-    return xc.sub_(shifted_mean), x0, shifted_mean
-
-
-def _recentre(x: Tensor, dims: tuple[int, ...], shifted_mean: Tensor) -> Tensor:
-    """``xc`` again from the saved ``shifted_mean``: bit for bit the forward's."""
-    return (x - _first(x, dims)).sub_(shifted_mean)
-
-
-def _moments(x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(xc, mean, shifted_mean, var)`` over ``dims`` (non-negative), all ``keepdim``."""
-    xc, x0, shifted_mean = _centre(x, dims)
-    var = _sum_of_squares(xc, dims) / _numel(x, dims)
-    return xc, x0 + shifted_mean, shifted_mean, var
-
-
-def _rstd(xc: Tensor, var: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
-    r""":math:`1/\sqrt{\sigma^2 + \epsilon}` per slice, right also where :math:`\sigma^2` overflowed.
-
-    ``xc`` holds the centred values (the raw ones for RMSNorm) and ``var`` the
-    mean of their squares. In float32, squares of values beyond about 1.8e19
-    overflow: ``var`` becomes ``inf``, ``rsqrt`` gives 0 and the slice would be
-    normalized to exactly zero (``bias`` after the affine step), a finite and
-    plausible wrong answer. Such slices are recomputed from ``xc / s``, ``s``
-    being the slice's largest :math:`|x_c|`:
-    :math:`\mathrm{rstd} = 1 / \big(s\,\sqrt{\overline{(x_c/s)^2} + \epsilon/s^2}\big)`.
-    Slices that hold ``inf`` or NaN stay NaN, as in torch. On CPU in eager
-    mode the rescaled pass runs only when some ``var`` overflowed. Elsewhere
-    both are computed and selected per slice: ``torch.compile`` and the
-    ``torch.func`` transforms cannot branch on a value, and on a GPU looking at
-    one would make the host wait for the device on every call (and break CUDA
-    graph capture).
-    """
-    rstd = torch.rsqrt(var + eps)
-    if xc.numel() == 0:
-        return rstd
-    branch_free = (
-        xc.device.type != "cpu"
-        or torch.compiler.is_compiling()
-        or torch._C._are_functorch_transforms_active()
-    )
-    if not branch_free and not bool(torch.isinf(var).any()):  # the common case: one look at the statistics
-        return rstd
-    s = torch.linalg.vector_norm(xc, ord=float("inf"), dim=dims, keepdim=True)  # max |xc|
-    s = torch.where((s > 0) & torch.isfinite(s), s, torch.ones_like(s))
-    mean_sq = _sum_of_squares(xc / s, dims) / _numel(xc, dims)
-    scaled = torch.rsqrt(mean_sq + eps / (s * s)) / s
-    return torch.where(torch.isinf(var), scaled, rstd)
-
-
 def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
     r"""Mean and biased variance of ``x`` over ``dims`` by two passes.
 
@@ -229,7 +120,7 @@ def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
 
     Example:
         >>> xc, mean, var = moments(torch.tensor([[1e6, 1e6 + 2]]), (-1,))
-        >>> mean, var  # the variance within one rounding of 1 (see _sum_of_squares)
+        >>> mean, var  # the variance within one rounding of 1 (see numerics.sum_of_squares)
         (tensor([[1000001.]]), tensor([[1.0000]]))
     """
     check_float_tensor(x, "x")
@@ -781,19 +672,6 @@ def _rms_norm(input: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], e
 
 def _check_running(stat: Optional[Tensor], name: str, num_channels: int, input: Tensor) -> None:
     check_param(stat, name, (num_channels,), input)
-
-
-@torch.no_grad()
-def _update_running(
-    running: Tensor, batch_value: Tensor, momentum: float
-) -> None:
-    """PyTorch's convention: ``new = (1 - momentum) * old + momentum * batch``, in place.
-
-    Computed in the accumulation dtype, then rounded once into the buffer.
-    """
-    acc = _acc_dtype(running.dtype)
-    new = running.to(acc) * (1.0 - momentum) + batch_value.to(acc) * momentum
-    running.copy_(new)
 
 
 @_checked(_check_batch_norm_backward)
