@@ -90,6 +90,7 @@ import torch
 from torch import Tensor, nn
 
 from . import ops
+from .ops import rounding as _r
 from .ops.routing import FUSED, kernels_run_on, route
 
 __all__ = ["Anchor", "NormKind", "Unfused", "KINDS", "UNFUSED", "recognise", "classify"]
@@ -224,7 +225,7 @@ def _layer_norm(x, w, b, eps, m):
     if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
         return None
     x, w, b = _autocast("layer_norm", x, w, b)
-    return ops.dispatch.fused(x, None, w, b, eps, False)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False)[0]
 
 
 def _channels_first_layer_norm(x, w, b, eps, m):
@@ -239,27 +240,26 @@ def _rms_norm(x, w, b, eps, m):
         return None
     x, w = _autocast("rms_norm", x, w)
     eps = eps if eps is not None else torch.finfo(torch.float32).eps
-    return ops.dispatch.fused(x, None, w, None, eps, True)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True)[0]
 
 
 def _llama_rms_norm(x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
-    return ops.dispatch.fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, x.dtype), False, 1)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=_r.LLAMA)[0]
 
 
 def _gemma_rms_norm(x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
-    return ops.dispatch.fused(x, None, w, None, eps, True, x.dtype, True, 0)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=_r.GEMMA)[0]
 
 
 def _t5_layer_norm(x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
-    if w.dtype in (torch.float16, torch.bfloat16):
-        return ops.dispatch.fused(x, None, w, None, eps, True, w.dtype, False, 2)[0]
-    return ops.dispatch.fused(x, None, w, None, eps, True, torch.promote_types(w.dtype, torch.float32), False, 0)[0]
+    rounding = _r.T5_HALF if w.dtype in (torch.float16, torch.bfloat16) else _r.T5
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=rounding)[0]
 
 
 def _float32_rms_norm(x, w, b, eps, m):
@@ -267,13 +267,13 @@ def _float32_rms_norm(x, w, b, eps, m):
         w = w.expand(x.shape[-1:]).contiguous()
     if not _fits(x, w):
         return None
-    return ops.dispatch.fused(x, None, w, None, eps, True, x.dtype, False, 0)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True)[0]
 
 
 def _float32_layer_norm(x, w, b, eps, m):
     if not _fits(x, w, b) or (w is None and x.shape[-1:] != tuple(m.normalized_shape)):
         return None
-    return ops.dispatch.fused(x, None, w, b, eps, False, x.dtype, False, 0)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False)[0]
 
 
 def _layer_norm_1p(x, w, b, eps, m):
@@ -287,14 +287,13 @@ def _layer_norm_1p(x, w, b, eps, m):
             and t.dtype != torch.float64 else t
             for t in (x, w, b)
         )
-    return ops.dispatch.fused(x, None, w, b, eps, False)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False)[0]
 
 
 def _deberta_layer_norm(x, w, b, eps, m):
     if w is None or b is None or not _fits(x, w, b):
         return None
-    out = torch.promote_types(torch.promote_types(w.dtype, x.dtype), b.dtype)
-    return ops.dispatch.fused(x, None, w, b, eps, False, out, False, 1)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False, rounding=_r.DEBERTA)[0]
 
 
 # ---- what a recognised module's settings allow ----------------------------------------------------

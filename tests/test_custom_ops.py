@@ -23,14 +23,14 @@ pytestmark = [
 ]
 
 
-def _args(kind, residual, affine, dtype=torch.float32, shape=(5, 40)):
+def _args(kind, residual, affine, dtype=torch.float32, shape=(5, 40), rounding="torch"):
     g = torch.Generator().manual_seed(hash((kind, residual, affine)) % 1000)
     N = shape[-1]
     x = torch.randn(shape, generator=g).to(dtype).requires_grad_()
     r = torch.randn(shape, generator=g).to(torch.float32 if residual == "float32" else dtype).requires_grad_() if residual != "none" else None
     w = torch.randn(N, generator=g).to(dtype).requires_grad_() if affine != "none" else None
     b = torch.randn(N, generator=g).to(dtype).requires_grad_() if (affine == "both" and kind == "layer") else None
-    return (x, r, w, b, 1e-5, kind == "rms", None, False, 0)
+    return (x, r, w, b, 1e-5, kind == "rms", rounding)
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +47,13 @@ CASES = [(k, r, a) for k in ("layer", "rms") for r in ("none", "same", "float32"
 @pytest.mark.parametrize("kind,residual,affine", CASES)
 def test_opcheck(kind, residual, affine):
     torch.library.opcheck(torch.ops.normlib.fused_norm.default, _args(kind, residual, affine))
+
+
+@pytest.mark.parametrize("rounding", ["llama", "gemma", "t5_half", "deberta", "float32_out"])
+def test_opcheck_every_rounding(rounding):
+    kind = "layer" if rounding == "deberta" else "rms"
+    args = _args(kind, "none", "both" if kind == "layer" else "weight", dtype=torch.bfloat16, rounding=rounding)
+    torch.library.opcheck(torch.ops.normlib.fused_norm.default, args)
 
 
 @pytest.mark.parametrize("kind,residual,affine", CASES)

@@ -147,12 +147,12 @@ def test_results_match_the_reference_path_exactly_in_float64():
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Record each kernel call's is_rms."""
+    """Record each kernel call's ``rms``."""
     calls = []
     real = ops.dispatch.fused
 
     def spy(*args, **kwargs):
-        calls.append(args[5])  # is_rms
+        calls.append(kwargs["rms"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(ops.dispatch, "fused", spy)

@@ -107,11 +107,11 @@ def add_layer_norm(
     Returns ``(y, residual_out)``; ``y`` has ``x``'s dtype. Gradients flow to
     ``x``, ``residual``, ``weight`` and ``bias`` through both outputs.
     """
-    return dispatch.add_norm(x, residual, weight, bias, eps, is_rms=False)
+    return dispatch.add_norm(x, residual, weight, bias, eps, rms=False)
 
 
 def add_rms_norm(
     x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: Optional[float] = None
 ) -> tuple[Tensor, Tensor]:
     """``residual_out = x + residual`` (in the residual's dtype) and ``y = RMSNorm(residual_out)``."""
-    return dispatch.add_norm(x, residual, weight, None, eps, is_rms=True)
+    return dispatch.add_norm(x, residual, weight, None, eps, rms=True)

@@ -26,6 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..numerics import acc_dtype
+from .rounding import TORCH, Rounding
+
 # Largest row handled in one pass: 64 KiB of input per row.
 MAX_ROW_BYTES = 64 * 1024
 
@@ -234,10 +237,6 @@ def _col_sum_kernel(
         tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=col_ok)
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _block_n(N: int) -> int:
     return 1 << max(N - 1, 0).bit_length()  # the next power of two
 
@@ -343,18 +342,13 @@ def row_stride(t: torch.Tensor, N: int) -> Optional[int]:
     return N if rs is None else rs
 
 
-def _or(t, stand_in):
-    """``t``, or a stand-in pointer for an argument the kernel's flags say it never touches."""
-    return t if t is not None else stand_in
-
-
 def _tl_dtype(dtype: torch.dtype):
     return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
             torch.float64: tl.float64}[dtype]
 
 
 def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] = None, strides=None,
-             out_dtype=None, w_plus_one: bool = False, round_xhat: int = 0):
+             rounding: Rounding = TORCH):
     """Launch the forward kernel on ``x`` normalized over its last dimension (size ``N``).
 
     ``x`` and ``residual`` may have any number of dimensions as long as their
@@ -364,16 +358,18 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] =
     in ``x``'s shape, ``mean``/``rstd`` of shape ``(M,)``; ``residual_out`` is
     ``None`` without a residual, ``mean`` is ``None`` for RMSNorm. ``config``
     overrides the launch heuristic (keys ``num_warps``, ``rows``), for tuning.
-    ``out_dtype`` (default ``x.dtype``), ``w_plus_one`` and ``round_xhat``
-    reproduce other libraries' rounding orders (see :mod:`normlib.interop`).
+    ``rounding`` reproduces another library's rounding order (see
+    :mod:`normlib.ops.rounding`); it also decides ``y``'s dtype.
     """
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     if strides is None:
         strides = (row_stride(x, N), row_stride(residual, N) if residual is not None else 0)
     sx, sr = strides
-    acc = _acc_dtype(x.dtype)
-    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    acc = acc_dtype(x.dtype)
+    out_dtype = rounding.out_dtype(x.dtype, weight.dtype if weight is not None else None,
+                                   bias.dtype if bias is not None else None)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rstd = torch.empty((M,), dtype=acc, device=x.device)
     mean = None if is_rms else torch.empty((M,), dtype=acc, device=x.device)
     res_out = None
@@ -382,14 +378,15 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] =
     if M == 0:
         return y, res_out, mean, rstd
     cfg = fwd_config(N, x.element_size(), **config) if config else fwd_config(N, x.element_size())
+    # An argument the kernel's flags say it never touches gets a stand-in pointer.
     _norm_fwd_kernel[(_cdiv(M, cfg["rows"]),)](
         x,
-        _or(residual, x),
-        _or(weight, x),
-        _or(bias, x),
+        residual if residual is not None else x,
+        weight if weight is not None else x,
+        bias if bias is not None else x,
         y,
-        _or(res_out, y),
-        _or(mean, rstd),
+        res_out if res_out is not None else y,
+        mean if mean is not None else rstd,
         rstd,
         sx,
         sr,
@@ -405,8 +402,8 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] =
         ACC_FP64=acc == torch.float64,
         BLOCK_N=cfg["block_n"],
         ROWS=cfg["rows"],
-        W_PLUS_ONE=w_plus_one,
-        ROUND_XHAT=round_xhat,
+        W_PLUS_ONE=rounding.weight_plus_one,
+        ROUND_XHAT=rounding.xhat_code,
         num_warps=cfg["num_warps"],
     )
     return y, res_out, mean, rstd
@@ -420,7 +417,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, residual_dtype, *,
-             config: Optional[dict] = None, strides=None, w_plus_one: bool = False, round_xhat: int = 0):
+             config: Optional[dict] = None, strides=None, rounding: Rounding = TORCH):
     """Launch the backward kernel.
 
     ``x`` is the normalized input (``residual_out`` when a residual was added);
@@ -431,7 +428,8 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
     values as ``dx`` but is always its own tensor, written by the same kernel:
     handing autograd one tensor as the gradient of two inputs lets their
     ``.grad`` fields alias, and a later accumulation into one would silently
-    change the other. ``config`` overrides the launch heuristic (keys
+    change the other. ``rounding`` is the forward's (see :func:`norm_fwd`).
+    ``config`` overrides the launch heuristic (keys
     ``num_warps``, ``rows``, ``programs_per_sm``, ``num_stages``).
     """
     N = x.shape[-1]
@@ -439,7 +437,7 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
     if strides is None:
         strides = (row_stride(x, N), row_stride(dy, N), row_stride(dres, N) if dres is not None else 0)
     sx, sdy, sdres = strides
-    acc = _acc_dtype(x.dtype)
+    acc = acc_dtype(x.dtype)
     dx = torch.empty(x.shape, dtype=x_dtype, device=x.device)
     split = residual_dtype is not None
     dres_in = torch.empty(x.shape, dtype=residual_dtype, device=x.device) if split else None
@@ -452,13 +450,13 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
         rows_per_program = _cdiv(M, P)
         _norm_bwd_kernel[(P,)](
             x,
-            _or(weight, x),
+            weight if weight is not None else x,
             dy,
-            _or(dres, dy),
+            dres if dres is not None else dy,
             dx,
-            _or(dres_in, dx),
-            _or(parts, rstd),
-            _or(mean, rstd),
+            dres_in if dres_in is not None else dx,
+            parts if parts is not None else rstd,
+            mean if mean is not None else rstd,
             rstd,
             sx,
             sdy,
@@ -477,9 +475,9 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
             BLOCK_N=cfg["block_n"],
             ROWS=cfg["rows"],
             NUM_STAGES=cfg["num_stages"],
-            W_PLUS_ONE=w_plus_one,
-            ROUND_XHAT=round_xhat,
-            XDT=_tl_dtype(x_dtype) if round_xhat == 1 else tl.float32,
+            W_PLUS_ONE=rounding.weight_plus_one,
+            ROUND_XHAT=rounding.xhat_code,
+            XDT=_tl_dtype(x_dtype) if rounding.xhat == "input" else tl.float32,
             num_warps=cfg["num_warps"],
         )
     dweight = torch.empty((N,), dtype=weight.dtype, device=x.device) if weight is not None else None
@@ -493,8 +491,8 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
             # Partial sums reduced in a fixed order: deterministic, no atomics.
             _col_sum_kernel[(_cdiv(N, _COL_BLOCK),)](
                 parts,
-                _or(dweight, rstd),
-                _or(dbias, rstd),
+                dweight if dweight is not None else rstd,
+                dbias if dbias is not None else rstd,
                 P,
                 N,
                 HAS_W=dweight is not None,

@@ -16,7 +16,7 @@ functions of :mod:`normlib.ops` call these.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from torch import Tensor
@@ -24,8 +24,10 @@ from torch import Tensor
 from .. import functional as F
 from .._autocast import autocast_float32, runs_in_float32
 from .._checks import check_float_tensor
+from ..numerics import acc_dtype
 from . import native
 from . import _custom_ops  # registers normlib::fused_norm and its backward with torch.library
+from .rounding import FLOAT32_OUT, TORCH, Rounding
 from .routing import FUSED, NATIVE, route
 
 __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "add_norm", "fused"]
@@ -37,29 +39,22 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def fused(x, residual, weight, bias, eps, is_rms, out_dtype=None, w_plus_one=False, round_xhat=0):
+def fused(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float, *,
+          rms: bool, rounding: Rounding = TORCH) -> tuple[Tensor, Optional[Tensor]]:
     """The kernels on checked arguments: ``(y, residual_out)``.
 
     Through the custom operator while ``torch.compile`` traces, through the
     autograd Function when a gradient is wanted, directly otherwise.
-    ``out_dtype``, ``w_plus_one`` and ``round_xhat`` select another library's
-    rounding order (see :mod:`normlib.interop`).
+    ``rounding`` selects another library's rounding order (see
+    :mod:`normlib.ops.rounding`).
     """
-    from . import _functions, _kernels  # Triton is imported on first use only
+    from . import _functions  # Triton is imported on first use only
 
     if torch.compiler.is_compiling():
-        return _custom_ops.fused_norm(x, residual, weight, bias, eps, is_rms, out_dtype, w_plus_one, round_xhat)
+        return _custom_ops.fused_norm(x, residual, weight, bias, eps, rms=rms, rounding=rounding)
     if _needs_grad(x, residual, weight, bias):
-        return _functions.FusedNormFunction.apply(x, residual, weight, bias, eps, is_rms, out_dtype, w_plus_one, round_xhat)
-    N = x.shape[-1]
-    x, sx = _functions._rows(x, N)
-    sr = 0
-    if residual is not None:
-        residual, sr = _functions._rows(residual, N)
-    y, res_out, _, _ = _kernels.norm_fwd(
-        x, residual, weight, bias, eps, is_rms, strides=(sx, sr),
-        out_dtype=out_dtype, w_plus_one=w_plus_one, round_xhat=round_xhat,
-    )
+        return _functions.FusedNormFunction.apply(x, residual, weight, bias, eps, rms, rounding)
+    y, res_out, _, _ = _functions.forward(x, residual, weight, bias, eps, rms, rounding)
     return y, res_out
 
 
@@ -71,7 +66,7 @@ def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
     with ctx:
         path = route("layer_norm", input, None, weight, bias, rows=len(shape) == 1)
         if path == FUSED:
-            return fused(input, None, weight, bias, eps, False)[0]
+            return fused(input, None, weight, bias, eps, rms=False)[0]
         if path == NATIVE and input.numel():
             y = native.layer_norm(input, shape, weight, bias, eps)
             if y is not None:
@@ -85,7 +80,7 @@ def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None, e
     shape, eps = F.check_rms_norm_args(input, normalized_shape, weight, eps)
     with ctx:
         if route("rms_norm", input, None, weight, rows=len(shape) == 1) == FUSED:
-            return fused(input, None, weight, None, eps, True)[0]
+            return fused(input, None, weight, None, eps, rms=True)[0]
         return F._rms_norm(input, shape, weight, eps)
 
 
@@ -146,18 +141,18 @@ def _to_float32(t: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def _reference_add(x: Tensor, residual: Tensor) -> Tensor:
-    acc = torch.float64 if torch.float64 in (x.dtype, residual.dtype) else torch.float32
+    acc = acc_dtype(x.dtype, residual.dtype)
     return (x.to(acc) + residual.to(acc)).to(residual.dtype)
 
 
 def add_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: Optional[float],
-             is_rms: bool) -> tuple[Tensor, Tensor]:
+             *, rms: bool) -> tuple[Tensor, Tensor]:
     """``(norm(x + residual), x + residual)``: the residual sum in the residual's dtype, ``y`` in ``x``'s.
 
     Under autocast γ/β are taken in float32 and ``y`` is float32 where torch
     runs the norm in float32, as torch's autocast does for the unfused pair.
     """
-    op = "rms_norm" if is_rms else "layer_norm"
+    op = "rms_norm" if rms else "layer_norm"
     check_float_tensor(x)
     check_float_tensor(residual, "residual")
     if x.dim() == 0:
@@ -170,18 +165,19 @@ def add_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Option
     if f32:
         weight, bias = _to_float32(weight), _to_float32(bias)
     shape = x.shape[-1:]
-    if is_rms:
+    if rms:
         _, eps = F.check_rms_norm_args(x, shape, weight, eps)
     else:
         _, eps = F.check_layer_norm_args(x, shape, weight, bias, eps)
-    out_dtype = torch.float32 if f32 and x.dtype in _HALF else x.dtype
+    rounding = FLOAT32_OUT if f32 and x.dtype in _HALF else TORCH
     path = route(op, x, residual, weight, bias)
     if path == FUSED:
-        return fused(x, residual, weight, bias, eps, is_rms, out_dtype=out_dtype)
+        y_fused, fused_sum = fused(x, residual, weight, bias, eps, rms=rms, rounding=rounding)
+        return y_fused, cast(Tensor, fused_sum)  # never None: a residual was given
     res_out = _reference_add(x, residual)
     y = None
-    if path == NATIVE and not is_rms and res_out.numel():
+    if path == NATIVE and not rms and res_out.numel():
         y = native.layer_norm(res_out, tuple(shape), weight, bias, eps)
     if y is None:
-        y = F._rms_norm(res_out, tuple(shape), weight, eps) if is_rms else F._layer_norm(res_out, tuple(shape), weight, bias, eps)
-    return y.to(out_dtype), res_out
+        y = F._rms_norm(res_out, tuple(shape), weight, eps) if rms else F._layer_norm(res_out, tuple(shape), weight, bias, eps)
+    return y.to(rounding.out_dtype(x.dtype)), res_out
