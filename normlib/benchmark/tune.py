@@ -10,7 +10,7 @@ sweeps, starting from the current heuristic), checks every variant's output
 against the default configuration's, and reports GB/s and the share of a
 device-to-device copy of the same tensor::
 
-    TRITON_INTERPRET=0 python -m normlib.ops.tune --out tune.json [--baseline old_kernels.py]
+    TRITON_INTERPRET=0 python -m normlib.benchmark.tune --out tune.json [--baseline old_kernels.py]
 
 ``--baseline`` times the launchers of another copy of ``_kernels.py`` too
 (e.g. the version before a change), in the same run. Needs a CUDA GPU.
@@ -220,8 +220,8 @@ def _load(path: str):
 
 
 def main(argv=None) -> int:
-    """The command line: ``python -m normlib.ops.tune --help``."""
-    parser = argparse.ArgumentParser(prog="python -m normlib.ops.tune", description=__doc__.split("\n\n")[0])
+    """The command line: ``python -m normlib.benchmark.tune --help``."""
+    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="tune.json")
     parser.add_argument("--baseline", default=None, help="another _kernels.py whose default launch to time too")
     parser.add_argument("--cases", nargs="*", default=None, help="op:dtype:M:N (default: a built-in list)")
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps per case")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("normlib.ops.tune: needs a CUDA GPU", file=sys.stderr)
+        print("normlib.benchmark.tune: needs a CUDA GPU", file=sys.stderr)
         return 2
     from normlib.benchmark import warm_up_gpu
     from normlib.ops import _kernels as K
