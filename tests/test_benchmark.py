@@ -138,3 +138,83 @@ def test_each_mode_times_what_it_says():
     assert steps[0] == (False, [])  # forward: without autograd
     assert steps[1] == (True, [True, True, True, False])  # backward alone: x, residual, weight (no bias in RMSNorm)
     assert steps[2] == (True, [True, True, True, False])  # forward + backward: the same
+
+
+# Liger-Kernel: a provider wherever it is installed, imported only when it runs.
+
+
+def test_liger_is_skipped_with_a_message_where_it_is_absent(monkeypatch):
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # absent, even on a machine that has it
+    providers, skipped = gpu.choose_providers(None)
+    assert providers == list(gpu.PROVIDERS)  # torch.compile is always measured: it comes with torch
+    assert skipped == ["skipping provider liger: Liger-Kernel is not installed (pip install liger-kernel)"]
+    assert gpu.choose_providers(["torch", "liger"], ["rms_norm"]) == (["torch"], skipped)
+
+
+def test_liger_asked_for_by_name_but_absent_stops_the_run(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # get past the GPU check: nothing is measured
+    monkeypatch.setattr(ops, "HAS_TRITON", True)
+    out = tmp_path / "b.json"
+    assert gpu.main(["--providers", "torch", "liger", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "normlib.benchmark: skipping provider liger: Liger-Kernel is not installed (pip install liger-kernel)\n")
+    assert not out.exists()
+
+
+def _stand_in_liger(monkeypatch) -> list:
+    """Modules where Liger-Kernel's Functions would be, with its call signatures and torch's math; returns the calls."""
+    import importlib.machinery
+    import types
+
+    import torch.nn.functional as F
+
+    calls = []
+
+    def layer_norm(X, W, B, eps):
+        calls.append(("layer_norm", eps))
+        return F.layer_norm(X, X.shape[-1:], W, B, eps)
+
+    def rms_norm(X, W, eps, offset, casting_mode, in_place):
+        calls.append(("rms_norm", eps, offset, casting_mode, in_place))
+        return F.rms_norm(X, X.shape[-1:], W + offset, eps)
+
+    def fused_add_rms_norm(X, R, W, eps, offset, casting_mode, in_place):
+        calls.append(("add_rms_norm", eps, offset, casting_mode, in_place))
+        S = X + R
+        return F.rms_norm(S, S.shape[-1:], W + offset, eps), S
+
+    for name, fn in (("", None), (".ops", None), (".ops.layer_norm", ("LigerLayerNormFunction", layer_norm)),
+                     (".ops.rms_norm", ("LigerRMSNormFunction", rms_norm)),
+                     (".ops.fused_add_rms_norm", ("LigerFusedAddRMSNormFunction", fused_add_rms_norm))):
+        module = types.ModuleType("liger_kernel" + name)
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+        if fn is not None:
+            setattr(module, fn[0], type(fn[0], (), {"apply": staticmethod(fn[1])}))
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return calls
+
+
+def test_liger_is_measured_where_it_is_installed(monkeypatch):
+    calls = _stand_in_liger(monkeypatch)
+    assert gpu.choose_providers(None) == ([*gpu.PROVIDERS, "liger"], [])
+    monkeypatch.setattr(gpu, "environment", lambda device: dict(device="cpu", driver="none", cuda=None, torch="x",
+                                                                 triton="x", date="2026"))
+    data = gpu.run(["fp32"], rows=[3], widths=[16], providers=("torch", "liger"), device="cpu",
+                   timer=_common.wall_timer, log=lambda line: None)
+    measured = {(r["op"], r["mode"]) for r in data["results"] if r["provider"] == "liger"}
+    assert measured == {(op, mode) for op in gpu.OPS for mode in gpu.MODES}
+    eps = torch.finfo(torch.float32).eps  # normlib's and torch's RMSNorm default, as Liger is called with
+    assert set(calls) == {("layer_norm", 1e-5), ("rms_norm", eps, 0.0, "llama", False),
+                                  ("add_rms_norm", eps, 0.0, "llama", False)}
+    # the summary and the report compare against it where it was measured (normlib's times stand in here)
+    data["results"] += [dict(r, provider="normlib") for r in data["results"] if r["provider"] == "torch"]
+    assert gpu.ratios(data, "fp32")["rms_norm fwd"]["speedup_vs_liger"] > 0
+    assert "speed-up over liger (no target): add_rms_norm bwd " in gpu.report(data, "fp32")
+
+
+def test_records_without_liger_keep_their_fields():
+    times = {("rms_norm", "fwd", p): ms for p, ms in (("normlib", 1.0), ("torch", 2.0), ("torch.compile", 1.5))}
+    data = _records([(8192, 4096)], times)
+    assert not any("liger" in key for entry in gpu.ratios(data).values() for key in entry)
+    assert "liger" not in gpu.report(data)

@@ -1,8 +1,15 @@
-"""GB/s benchmark of the fused norms against torch eager, torch.compile and a plain copy.
+"""GB/s benchmark of the fused norms against torch eager, torch.compile, Liger-Kernel (where installed) and a plain copy.
 
 Run on a machine with a CUDA GPU::
 
     python -m normlib.benchmark --out book/data/benchmark.json --plot book/data/benchmark.png
+
+The providers are ``normlib``, torch eager, ``torch.compile`` (inductor, which
+compiles to Triton: it is there wherever this benchmark can run) and, where
+Liger-Kernel is installed (``pip install liger-kernel``), ``liger``: its
+LayerNorm, RMSNorm and fused add + RMSNorm Functions. Liger is imported only
+when that provider runs; without it the command says it skips ``liger`` and
+measures the others.
 
 Each op is timed with ``triton.testing.do_bench`` (CUDA events, L2 flushed
 between runs) in three modes — forward, backward alone (on a retained graph),
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -38,6 +46,7 @@ from ._common import cuda_timer, environment, graph_timer, wall_timer, warm_up_g
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 MODES = ("fwd", "bwd", "fwd+bwd")
 PROVIDERS = ("normlib", "torch", "torch.compile")
+OPTIONAL_PROVIDERS = ("liger",)  # measured where their package is installed
 ROWS = (4096, 16384, 32768)
 WIDTHS = (1024, 2048, 4096, 8192, 16384)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -96,9 +105,70 @@ def _normlib(op: str) -> Callable:
     return lambda x, r, w, b: ops.add_rms_norm(x, r, w)
 
 
+# Liger-Kernel's autograd Function for each op (module, name), imported only when the liger provider runs.
+_LIGER = {
+    "layer_norm": ("liger_kernel.ops.layer_norm", "LigerLayerNormFunction"),
+    "rms_norm": ("liger_kernel.ops.rms_norm", "LigerRMSNormFunction"),
+    "add_rms_norm": ("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction"),
+}
+# normlib's and torch's default RMSNorm eps (eps=None): that of float32, the dtype bf16 and fp32 are computed in
+_RMS_EPS = torch.finfo(torch.float32).eps
+
+
+def _liger(op: str) -> Callable:
+    """Liger-Kernel's Function for ``op``, called as its own modules call it.
+
+    LayerNorm with eps 1e-5; RMSNorm with no weight offset, Liger's default
+    casting mode ``"llama"`` and ``in_place=False`` (the gradient of ``y`` is
+    left intact, as every other provider leaves it).
+    """
+    module, name = _LIGER[op]
+    fn = getattr(importlib.import_module(module), name)
+    if op == "layer_norm":
+        return lambda x, r, w, b: fn.apply(x, w, b, 1e-5)
+    if op == "rms_norm":
+        return lambda x, r, w, b: fn.apply(x, w, _RMS_EPS, 0.0, "llama", False)
+    return lambda x, r, w, b: fn.apply(x, r, w, _RMS_EPS, 0.0, "llama", False)  # returns (y, residual_out)
+
+
+def unavailable(provider: str, ops: Iterable[str] = OPS) -> Optional[str]:
+    """Why ``provider`` cannot measure ``ops`` on this machine, or ``None`` when it can."""
+    if provider not in OPTIONAL_PROVIDERS:
+        return None
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "Liger-Kernel is not installed (pip install liger-kernel)"
+    for op in ops:
+        module, name = _LIGER[op]
+        try:
+            getattr(importlib.import_module(module), name)
+        except Exception as err:  # an old release without the op, or one that does not load here
+            return f"Liger-Kernel is installed, but {module}.{name} cannot be loaded ({type(err).__name__}: {err})"
+    return None
+
+
+def choose_providers(requested: Optional[Iterable[str]], ops: Iterable[str] = OPS) -> tuple[list[str], list[str]]:
+    """The providers to measure, and a line for each one left out.
+
+    ``requested=None`` means every provider this machine has: ``PROVIDERS`` and
+    each optional one whose package is installed.
+    """
+    ops = list(ops)
+    wanted = list(PROVIDERS + OPTIONAL_PROVIDERS) if requested is None else list(requested)
+    chosen, skipped = [], []
+    for provider in wanted:
+        why = unavailable(provider, ops)
+        if why is None:
+            chosen.append(provider)
+        else:
+            skipped.append(f"skipping provider {provider}: {why}")
+    return chosen, skipped
+
+
 def _provider_fn(provider: str, op: str) -> Callable:
     if provider == "normlib":
         return _normlib(op)
+    if provider == "liger":
+        return _liger(op)
     if provider == "torch":
         return _eager(op)
     if provider == "torch.compile":
@@ -273,6 +343,8 @@ def ratios(data: dict, dtype: str = "bf16") -> dict:
     res = [r for r in data["results"] if r["dtype"] == dtype]
     copy = {(r["M"], r["N"]): r["gbps"] for r in res if r["provider"] == "copy"}
     by = {(r["op"], r["mode"], r["provider"], r["M"], r["N"]): r for r in res if r["provider"] != "copy"}
+    # an optional provider gets its fields only where it was measured: records without it keep theirs
+    optional = tuple(p for p in OPTIONAL_PROVIDERS if any(r["provider"] == p for r in res))
     out = {}
     for op, mode in sorted({(r["op"], r["mode"]) for r in res if r["provider"] == "normlib"}):
         shapes = sorted((M, N) for (o, m, p, M, N) in by if (o, m, p) == (op, mode, "normlib") and (M, N) in copy)
@@ -284,7 +356,7 @@ def ratios(data: dict, dtype: str = "bf16") -> dict:
             "median_of_copy_bandwidth_N_le_8K_M_ge_16K": statistics.median(bwd_band) if bwd_band else None,
             "min_of_copy_bandwidth": min(frac.values()) if frac else None,
         }
-        for prov in ("torch", "torch.compile"):
+        for prov in ("torch", "torch.compile") + optional:
             pairs = [(by[(op, mode, prov, M, N)], by[(op, mode, "normlib", M, N)]) for M, N in shapes if (op, mode, prov, M, N) in by]
             sp = [_time(a) / _time(b) for a, b in pairs]
             entry[f"speedup_vs_{prov}"] = statistics.median(sp) if sp else None
@@ -340,6 +412,11 @@ def report(data: dict, dtype: str = "bf16") -> str:
         value = "-" if t["value"] is None else f"{t['value']:.2f}"
         met = {True: "yes", False: "NO", None: "-"}[t["met"]]
         lines.append(f"{t['op_mode']:21s} {t['target']:46s} {value:>8s} {t['required']:6.2f}  {met}")
+    summary = ratios(data, dtype)
+    for prov in OPTIONAL_PROVIDERS:
+        sp = {k: v[f"speedup_vs_{prov}"] for k, v in summary.items() if v.get(f"speedup_vs_{prov}") is not None}
+        if sp:
+            lines.append(f"speed-up over {prov} (no target): " + ", ".join(f"{k} {v:.2f}" for k, v in sp.items()))
     return "\n".join(lines)
 
 
@@ -361,7 +438,7 @@ def plot(data: dict, path: Optional[str] = None, dtype: str = "bf16", M: Optiona
     for i, op in enumerate(ops):
         for j, mode in enumerate(MODES):
             ax = axes[i][j]
-            for prov in PROVIDERS:
+            for prov in PROVIDERS + OPTIONAL_PROVIDERS:
                 pts = sorted((r["N"], r["gbps"]) for r in res if (r["op"], r["mode"], r["provider"]) == (op, mode, prov))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", ms=3, label=prov)
@@ -406,7 +483,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
     parser.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS))
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    parser.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS)
+    parser.add_argument("--providers", nargs="+", default=None, choices=PROVIDERS + OPTIONAL_PROVIDERS,
+                        help="default: all of them, liger where Liger-Kernel is installed")
     parser.add_argument("--out", default="benchmark.json", help="where to write the JSON record")
     parser.add_argument("--resume", action="store_true", help="add to --out what it lacks (same device and versions)")
     parser.add_argument("--plot", default=None, help="also draw GB/s against N into this PNG")
@@ -420,13 +498,18 @@ def main(argv=None) -> int:
     if not ops.HAS_TRITON:
         print("normlib.benchmark: Triton is not installed (pip install 'normlib[triton]').", file=sys.stderr)
         return 2
+    providers, skipped = choose_providers(args.providers, args.ops)
+    for line in skipped:
+        print(f"normlib.benchmark: {line}", file=sys.stderr)
+    if skipped and args.providers is not None:  # asked for by name: measuring without it would be another run
+        return 2
     previous = None
     if args.resume and os.path.exists(args.out):
         with open(args.out) as f:
             previous = json.load(f)
     try:
         data = run(
-            args.dtype, rows=args.rows, widths=args.widths, ops=args.ops, providers=args.providers,
+            args.dtype, rows=args.rows, widths=args.widths, ops=args.ops, providers=providers,
             gpu_timer=graph_timer, previous=previous, save=lambda d: write_json(d, args.out),
         )
     except ValueError as err:
