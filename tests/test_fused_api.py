@@ -114,11 +114,11 @@ def test_torch_compile_fullgraph():
 
 
 def test_resources_tool_without_triton_ends_with_one_line():
-    """python -m normlib.ops.resources on a machine without Triton: exit status 2 and one line, no traceback."""
-    code = "import sys, runpy; sys.modules['triton'] = None; runpy.run_module('normlib.ops.resources', run_name='__main__')"
+    """python -m normlib.benchmark.resources on a machine without Triton: exit status 2 and one line, no traceback."""
+    code = "import sys, runpy; sys.modules['triton'] = None; runpy.run_module('normlib.benchmark.resources', run_name='__main__')"
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("normlib.ops.resources: needs Triton"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("normlib.benchmark.resources: needs Triton"), proc.stderr
     assert proc.stdout == ""

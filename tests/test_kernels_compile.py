@@ -1,7 +1,7 @@
 """The kernels compile for an H100 (sm_90) through Triton's real compiler, without spilling registers.
 
 The interpreter tests run the kernels' Python; this compiles them ahead of
-time for sm_90 (no GPU needed; see :mod:`normlib.ops.resources`), which the interpreter
+time for sm_90 (no GPU needed; see :mod:`normlib.benchmark.resources`), which the interpreter
 cannot vouch for, and checks the register budget ptxas reports for the
 launcher's configurations: no spills up to N = 8192 for either kernel.
 """
@@ -13,12 +13,12 @@ import sys
 
 import pytest
 
-from normlib.ops.resources import ptxas_path
+from normlib.benchmark.resources import ptxas_path
 
 
 def _compile(*specs):
     env = dict(os.environ, TRITON_INTERPRET="0")
-    cmd = [sys.executable, "-m", "normlib.ops.resources", "--arch", "90", "--json", *specs]
+    cmd = [sys.executable, "-m", "normlib.benchmark.resources", "--arch", "90", "--json", *specs]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines()]
@@ -49,7 +49,7 @@ def test_compiles_for_sm90_without_spills(spec):
 
 def test_refuses_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "normlib.ops.resources"], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "normlib.benchmark.resources"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "TRITON_INTERPRET=0" in proc.stderr
 
 
@@ -80,7 +80,7 @@ def test_every_default_launch_fits_in_shared_memory(dtype, kind):
 def test_the_check_catches_the_launch_that_failed_on_an_h100():
     """Three pipeline stages of float32 16384-lane rows: ptxas's figure is the one the H100 refused (262216 B)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    code = ("from normlib.ops.resources import resources; "
+    code = ("from normlib.benchmark.resources import resources; "
             "print(resources(90, 'fp32:none:rms:16384', bwd={'num_stages': 3})[1]['shared_bytes'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The launch-configuration search of ``normlib.ops.tune``, exercised on CPU through the interpreter.
+"""The launch-configuration search of ``normlib.benchmark.tune``, exercised on CPU through the interpreter.
 
 On a GPU it times real kernels; here a wall-clock timer stands in, and what is
 tested is the machinery: every variant is checked against the default
@@ -31,7 +31,7 @@ def _wall(fn):
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_search_checks_and_times_variants(op, direction, monkeypatch):
     from normlib.ops import _kernels as K
-    from normlib.ops import tune
+    from normlib.benchmark import tune
 
     monkeypatch.setattr(tune, "_candidates", lambda d, key, cfg, N: {"num_warps": [1, 2], "rows": [1, 2],
                                                                      "programs_per_sm": [1, 4], "num_stages": [1, 2]}[key])
@@ -44,7 +44,7 @@ def test_search_checks_and_times_variants(op, direction, monkeypatch):
 
 def test_search_catches_an_unwritten_output(monkeypatch):
     from normlib.ops import _kernels as K
-    from normlib.ops import tune
+    from normlib.benchmark import tune
 
     real = K.norm_fwd
 

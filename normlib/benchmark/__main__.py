@@ -1,7 +1,7 @@
-"""``python -m normlib.benchmark``: the GPU kernel benchmark (see :mod:`normlib.benchmark`)."""
+"""``python -m normlib.benchmark``: the GPU kernel benchmark (see :mod:`normlib.benchmark.gpu`)."""
 
 import sys
 
-from . import main
+from .gpu import main
 
 sys.exit(main())

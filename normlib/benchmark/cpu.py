@@ -35,12 +35,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as _dt
 import os
-import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
@@ -50,7 +47,7 @@ from torch import nn
 from .. import batchnorm as _bn
 from .. import functional as nf
 from .. import normalization as _norm
-from . import _write_json
+from ._common import fastest, provenance, reps_for, write_json
 
 __all__ = ["Case", "CASES", "TARGETS", "saved_bytes", "run_case", "run_bert", "provenance", "main"]
 
@@ -176,23 +173,6 @@ def _fwd_bwd(fn, x, params, dy):
     return run
 
 
-def _time(run: Callable, reps: int) -> float:
-    """The fastest of ``reps`` calls: load from other processes only ever adds time."""
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def _reps(run: Callable, budget: float) -> int:
-    """Calls per measurement, so that one takes about ``budget`` seconds (after a warm-up call); at least 2."""
-    run()
-    t = _time(run, 1)
-    return max(2, min(100, int(budget / max(t, 1e-6))))
-
-
 def _ratios(times: dict, name: str, ref: str = "torch.nn") -> list:
     return [a / b for a, b in zip(times[name], times[ref])]
 
@@ -218,7 +198,7 @@ def run_case(case: Case, rounds: int = 7, budget: float = 0.1, compile: bool = T
         try:
             own = list(fn.parameters()) if isinstance(fn, nn.Module) else params
             f, fb = _fwd(fn, x), _fwd_bwd(fn, xg, own, dy)
-            runs[name] = {"fwd": (f, _reps(f, budget)), "fwd+bwd": (fb, _reps(fb, budget))}
+            runs[name] = {"fwd": (f, reps_for(f, budget)), "fwd+bwd": (fb, reps_for(fb, budget))}
         except Exception as e:  # a compile that fails only when first run
             if name != "compiled":
                 raise
@@ -229,7 +209,7 @@ def run_case(case: Case, rounds: int = 7, budget: float = 0.1, compile: bool = T
         for mode in times:
             for n in order:
                 run, reps = runs[n][mode]
-                times[mode][n].append(_time(run, reps))
+                times[mode][n].append(fastest(run, reps))
     out: dict[str, Any] = {
         "case": case.name,
         "shape": list(case.shape),
@@ -330,11 +310,11 @@ def run_bert(batch: int = 8, seq: int = 128, hidden: int = 256, layers: int = 4,
         return run
 
     runs = {n: step(m) for n, m in models.items()}
-    reps = {n: _reps(r, budget) for n, r in runs.items()}
+    reps = {n: reps_for(r, budget) for n, r in runs.items()}
     times: dict[str, list[float]] = {n: [] for n in runs}
     for r in range(rounds):
         for n in (list(runs) if r % 2 == 0 else list(reversed(runs))):
-            times[n].append(_time(runs[n], reps[n]))
+            times[n].append(fastest(runs[n], reps[n]))
     ratio = {n: statistics.median(_ratios(times, n, "original")) for n in runs if n != "original"}
     # the three give the same gradients: the comparison is of equal work
     grads = []
@@ -352,32 +332,6 @@ def run_bert(batch: int = 8, seq: int = 128, hidden: int = 256, layers: int = 4,
         "ratio": ratio,
         "met": {n: v <= TARGETS["bert"] for n, v in ratio.items()},
         "same_gradients": bool(same),
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def provenance() -> dict:
-    """Where and with what the numbers were measured."""
-    return {
-        "machine": platform.machine(),
-        "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -483,12 +437,12 @@ def main(argv: Optional[list] = None) -> int:
     for c in cases:
         print(f"... {c.name} {list(c.shape)}", file=sys.stderr, flush=True)
         data["cases"].append(run_case(c, args.rounds, args.budget, compile=not args.no_compile))
-        _write_json(data, args.out)
+        write_json(data, args.out)
     if not args.no_bert:
         print("... small BERT", file=sys.stderr, flush=True)
         data["bert"] = run_bert(rounds=args.rounds, batch=max(1, 8 // args.scale))
     data["provenance"]["loadavg_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    _write_json(data, args.out)
+    write_json(data, args.out)
     if args.plot:
         plot(data, args.plot)
     print(report(data))

@@ -18,7 +18,6 @@ stands (it is torch.nn's own computation).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from typing import Callable, Optional
@@ -28,7 +27,7 @@ import torch
 from .. import ops
 from ..batchnorm import BatchNorm2d, InstanceNorm2d
 from ..normalization import GroupNorm, LayerNorm
-from .cpu import _reps, _time, provenance
+from ._common import fastest, provenance, reps_for, write_json
 
 __all__ = ["LADDERS", "measure", "bands", "main"]
 
@@ -73,12 +72,12 @@ def measure(op: str, scale: int, rounds: int = 7, budget: float = 0.05) -> dict:
         reps = {}
         for path in ("native", "reference"):
             with ops.force_path(path):
-                reps[path] = _reps(run, budget)
+                reps[path] = reps_for(run, budget)
         times: dict[str, list[float]] = {"native": [], "reference": []}
         for r in range(rounds):
             for path in (("native", "reference") if r % 2 == 0 else ("reference", "native")):
                 with ops.force_path(path):
-                    times[path].append(_time(run, reps[path]))
+                    times[path].append(fastest(run, reps[path]))
         out[direction] = {p: statistics.median(t) for p, t in times.items()}
     return out
 
@@ -108,9 +107,7 @@ def main(argv: Optional[list] = None) -> int:
             pts.append(measure(op, k, args.rounds))
         data["measured"][op] = pts
         data["routes"]["cpu"][op] = {d: bands(pts, d) for d in ("forward", "backward")}
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+    write_json(data, args.out, newline=True)
     for op, dirs in data["routes"]["cpu"].items():
         for d, b in dirs.items():
             ratios = [f"{p[d]['reference'] / p[d]['native']:.2f}" for p in data["measured"][op]]

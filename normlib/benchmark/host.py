@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ import torch.nn.functional as TF
 from .. import ops
 from ..normalization import LayerNorm, RMSNorm
 from ..ops import routing
-from .cpu import _time, provenance
+from ._common import fastest, provenance, write_json
 
 __all__ = ["CASES", "stubbed_launch", "count_calls", "measure", "main"]
 
@@ -164,9 +163,9 @@ def measure(rounds: int = 15, reps: int = 200) -> dict:
                 for who in (("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")):
                     if who == "ours":
                         with stubbed_launch():
-                            t_ours.append(_time(ours, reps))
+                            t_ours.append(fastest(ours, reps))
                     else:
-                        t_theirs.append(_time(theirs, reps))
+                        t_theirs.append(fastest(theirs, reps))
         ratios = [a / b for a, b in zip(t_ours, t_theirs)]
         out["cases"][name] = {
             "calls": calls,
@@ -184,9 +183,7 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args(argv)
     data = measure(args.rounds)
-    with open(args.out, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+    write_json(data, args.out, newline=True)
     print(f"host work of one call, launch stubbed ({data['provenance']['cpu_model']}, torch {data['provenance']['torch']})")
     for name, c in data["cases"].items():
         print(f"{name:<44}{c['calls']:>6} calls {c['us']:8.1f} us  torch's call {c['torch_us']:7.1f} us  "

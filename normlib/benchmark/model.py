@@ -30,7 +30,6 @@ torch's layer/RMS-norm kernels) and their share of GPU time.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ from torch import nn
 from .. import ops
 from ..normalization import LayerNorm, RMSNorm
 from ..transformer import TransformerBlock
+from ._common import environment, warm_up_gpu, write_json
 
 FAMILIES = ("hf-llama", "hf-gpt2", "gpt", "llama-style")
 COMPILE_BACKEND = "inductor"  # the tests swap in "aot_eager" to exercise the machinery on CPU
@@ -316,8 +316,6 @@ DEFAULT_CONFIG = dict(batch=16, seq_len=1024, d_model=768, n_layer=12, n_head=12
 
 def main(argv=None) -> int:
     """The command line: ``python -m normlib.benchmark.model --help``."""
-    from . import environment, warm_up_gpu, _write_json
-
     parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="model_benchmark.json")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -342,7 +340,7 @@ def main(argv=None) -> int:
     for fam in args.families:
         provs = PROVIDERS if (not fam.startswith("hf-") or args.hf_compile) else PROVIDERS[:2]
         data["families"][fam] = run_family(fam, provs, cfg, rounds=args.rounds)
-        _write_json(data, args.out)
+        write_json(data, args.out)
     print(f"wrote {args.out}")
     return 0
 

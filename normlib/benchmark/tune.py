@@ -10,7 +10,7 @@ sweeps, starting from the current heuristic), checks every variant's output
 against the default configuration's, and reports GB/s and the share of a
 device-to-device copy of the same tensor::
 
-    TRITON_INTERPRET=0 python -m normlib.ops.tune --out tune.json [--baseline old_kernels.py]
+    TRITON_INTERPRET=0 python -m normlib.benchmark.tune --out tune.json [--baseline old_kernels.py]
 
 ``--baseline`` times the launchers of another copy of ``_kernels.py`` too
 (e.g. the version before a change), in the same run. Needs a CUDA GPU.
@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 from typing import Any, Callable, Optional
 
 import torch
+
+from ._common import graph_timer, warm_up_gpu, write_json
+from .gpu import _TENSOR_PASSES, bytes_moved, copy_ms
 
 # (op, dtype, M, N) searched by default: both kinds, the widths of common models.
 DEFAULT_CASES = [
@@ -40,24 +42,8 @@ DEFAULT_CASES = [
     ("layer_norm", "bf16", 4096, 1024),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# M x N tensor passes each direction must make at least (as in normlib.benchmark)
-PASSES = {("fwd", False): 2, ("fwd", True): 4, ("bwd", False): 3, ("bwd", True): 5}
-
-
-def _bench(fn: Callable[[], object]) -> float:
-    """Median GPU milliseconds of ``fn``, replayed from a CUDA graph so that Python's launch cost is left out.
-
-    ``triton.testing.do_bench`` flushes the L2 cache before each replay and
-    times it with CUDA events.
-    """
-    from triton.testing import do_bench
-
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return float(do_bench(graph.replay, warmup=10, rep=50, return_mode="median"))
+# M x N tensor passes each direction must make at least, without and with a residual: the GPU benchmark's bytes model
+PASSES = {(d, res): _TENSOR_PASSES[("add_rms_norm" if res else "rms_norm", d)] for d in ("fwd", "bwd") for res in (False, True)}
 
 
 class Case:
@@ -143,9 +129,9 @@ def search(
 ) -> list[dict]:
     """Coordinate descent over the launch settings of one direction; returns every timed variant.
 
-    ``timer`` (default: CUDA events through ``triton.testing.do_bench``) returns milliseconds.
+    ``timer`` (default: ``graph_timer``, a CUDA graph replayed under ``triton.testing.do_bench``) returns milliseconds.
     """
-    timer = timer or _bench
+    timer = timer or graph_timer
     saved = case.fwd(K)
     if direction == "fwd":
         default = K.fwd_config(case.N, case.esize)
@@ -204,10 +190,9 @@ def search(
 
 
 def copy_gbps(M: int, N: int, dtype: str) -> float:
-    src = torch.randn(M, N, device="cuda").to(DTYPES[dtype])
-    dst = torch.empty_like(src)
-    ms = _bench(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / ms / 1e6
+    dt = DTYPES[dtype]
+    ms = copy_ms(M, N, dt, "cuda", graph_timer)
+    return bytes_moved("copy", "copy", M, N, torch.empty((), dtype=dt).element_size()) / ms / 1e6
 
 
 def _load(path: str):
@@ -220,8 +205,8 @@ def _load(path: str):
 
 
 def main(argv=None) -> int:
-    """The command line: ``python -m normlib.ops.tune --help``."""
-    parser = argparse.ArgumentParser(prog="python -m normlib.ops.tune", description=__doc__.split("\n\n")[0])
+    """The command line: ``python -m normlib.benchmark.tune --help``."""
+    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="tune.json")
     parser.add_argument("--baseline", default=None, help="another _kernels.py whose default launch to time too")
     parser.add_argument("--cases", nargs="*", default=None, help="op:dtype:M:N (default: a built-in list)")
@@ -229,9 +214,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps per case")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("normlib.ops.tune: needs a CUDA GPU", file=sys.stderr)
+        print("normlib.benchmark.tune: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from normlib.benchmark import warm_up_gpu
     from normlib.ops import _kernels as K
 
     base = _load(args.baseline) if args.baseline else None
@@ -261,11 +245,10 @@ def main(argv=None) -> int:
             if base is not None:
                 saved = case.fwd(base)
                 fn = (lambda: case.fwd(base)) if direction == "fwd" else (lambda: case.bwd(base, saved))
-                ms = statistics.median(_bench(fn) for _ in range(3))
+                ms = statistics.median(graph_timer(fn) for _ in range(3))
                 row["baseline_gbps"] = case.gbytes(direction) / ms * 1e3
             out["summary"].append(row)
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=1)
+            write_json(out, args.out)
     print(f"\n{'op':13s} {'dt':4s} {'M':>6s} {'N':>6s} dir  {'copy':>6s} {'base':>6s} {'dflt':>6s} {'best':>6s}  best config")
     for r in out["summary"]:
         base_s = f"{r['baseline_gbps'] / r['copy_gbps']:6.2f}" if "baseline_gbps" in r else "     -"

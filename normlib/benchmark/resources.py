@@ -9,7 +9,7 @@ real GPU), and shows the register pressure of the launcher's configurations.
 Run it with the interpreter off (it refuses otherwise: the interpreter
 replaces the kernels with Python functions)::
 
-    TRITON_INTERPRET=0 python -m normlib.ops.resources --arch 90 bf16:fp32:layer:1024 ...
+    TRITON_INTERPRET=0 python -m normlib.benchmark.resources --arch 90 bf16:fp32:layer:1024 ...
 
 Each spec is ``dtype:residual_dtype:kind:N`` (``none`` for no residual); with
 no spec it reports bf16 LayerNorm with an fp32 residual (the widest register
@@ -117,23 +117,23 @@ DEFAULT_SPECS = [f"bf16:fp32:layer:{n}" for n in (1024, 2048, 4096, 8192, 16384,
 
 
 def main(argv=None) -> int:
-    """The command line: ``python -m normlib.ops.resources --help``."""
-    parser = argparse.ArgumentParser(prog="python -m normlib.ops.resources", description=__doc__.split("\n\n")[0])
+    """The command line: ``python -m normlib.benchmark.resources --help``."""
+    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.resources", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100, 80 for A100")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("specs", nargs="*", default=DEFAULT_SPECS, help="dtype:residual_dtype:kind:N")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        print("normlib.ops.resources: run with TRITON_INTERPRET=0; the interpreter replaces the kernels "
+        print("normlib.benchmark.resources: run with TRITON_INTERPRET=0; the interpreter replaces the kernels "
               "with Python functions", file=sys.stderr)
         return 2
     try:
         import triton  # noqa: F401
     except ImportError as e:
-        print(f"normlib.ops.resources: needs Triton ({e}); install it with pip install 'normlib[triton]'", file=sys.stderr)
+        print(f"normlib.benchmark.resources: needs Triton ({e}); install it with pip install 'normlib[triton]'", file=sys.stderr)
         return 2
     if ptxas_path() is None:
-        print("normlib.ops.resources: Triton's NVIDIA backend (with its ptxas) is not installed", file=sys.stderr)
+        print("normlib.benchmark.resources: Triton's NVIDIA backend (with its ptxas) is not installed", file=sys.stderr)
         return 2
     if not args.json:
         print(f"{'dtype:residual:kind:N':24s} {'kernel':6s} {'BLOCK_N':>7s} {'warps':>5s} {'registers':>9s} {'spill B':>7s} {'shared B':>8s}")
