@@ -275,7 +275,7 @@ def fwd_config(N: int, element_size: int, *, num_warps: Optional[int] = None, ro
 
     Returns ``block_n`` (the row padded to a power of two, held in registers),
     ``num_warps`` and ``rows`` (rows per program). The defaults come from
-    timing the variants on an H100 (``python -m normlib.ops.tune``, CUDA-graph
+    timing the variants on an H100 (``python -m normlib.benchmark.tune``, CUDA-graph
     replays): one warp per KiB of row, between 4 and 16 (32 warps at 16384
     bf16 lanes ran at 0.6x of copy bandwidth where 16 ran at 0.94x), and four
     rows per program for rows of up to 1024 lanes. Keyword arguments override them.
@@ -297,7 +297,7 @@ def bwd_config(
     """The backward launch: ``block_n``, ``num_warps``, ``rows`` per loop iteration, programs per SM, pipelining.
 
     Each program walks a band of rows, so the number of programs sets how many
-    rows are in flight. Measured best on an H100 (``python -m normlib.ops.tune``):
+    rows are in flight. Measured best on an H100 (``python -m normlib.benchmark.tune``):
     4 programs per SM with two rows per iteration up to 1024 lanes, 4 at 2048,
     2 at 4096, 1 at 8192, 2 beyond; three pipeline stages for RMSNorm from
     4096 lanes on. With eight lanes per thread ptxas reports no register

@@ -6,7 +6,7 @@ back to the input's dtype before γ multiplies it, Gemma's multiplies by
 ``1 + γ``, T5's rounds x̂ to γ's dtype, DeBERTa-v1's returns the promoted
 dtype of x, γ and β. A :class:`Rounding` names one such order; the kernels,
 their autograd Function, the custom operator and the plain-PyTorch twins all
-take it (the operator by :attr:`Rounding.name`), so the order is decided
+take it (the operator by its ``name``), so the order is decided
 once, where a class is recognised.
 
 Example:
