@@ -106,6 +106,21 @@ def _fresh(y: Tensor, dtype: torch.dtype) -> Tensor:
     return y.clone() if torch.compiler.is_compiling() else y
 
 
+def _xhat_for_backward(xa: Tensor, dims: tuple[int, ...], shifted_mean: Tensor, rstd: Tensor,
+                       eps: float) -> tuple[Tensor, Tensor]:
+    """``(xhat, rstd)`` for a backward pass, from the up-cast input ``xa`` and the saved statistics.
+
+    Rebuilt from ``shifted_mean`` and ``rstd`` (``keepdim``), bit for bit the
+    forward's; under ``create_graph`` (a second derivative) from statistics
+    recomputed as differentiable functions of ``xa`` instead.
+    """
+    if torch.is_grad_enabled():
+        xc, _mean, _shifted, var = _moments(xa, dims)
+        rstd = _rstd(xc, var, dims, eps)
+        return xc * rstd, rstd
+    return _recentre(xa, dims, shifted_mean).mul_(rstd), rstd
+
+
 def moments(x: Tensor, dims: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
     r"""Mean and biased variance of ``x`` over ``dims`` by two passes.
 
@@ -407,12 +422,7 @@ class _LayerNorm(torch.autograd.Function):
             return (None,) * 5
         acc = _acc_dtype(x.dtype)
         dims = tuple(range(x.dim() - len(ctx.shape), x.dim()))
-        if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
-            xc, _mean, _shifted, var = _moments(x.to(acc), dims)  # not `_`: that is the *_ of the signature
-            rstd = _rstd(xc, var, dims, ctx.eps)
-            xhat = xc * rstd
-        else:
-            xhat = _recentre(x.to(acc), dims, shifted_mean).mul_(rstd)
+        xhat, rstd = _xhat_for_backward(x.to(acc), dims, shifted_mean, rstd, ctx.eps)
         dx, dweight, dbias = layer_norm_backward.__wrapped__(dy.to(acc), xhat, rstd, ctx.shape, _as(weight, acc))
         need = ctx.needs_input_grad
         return (
@@ -780,12 +790,8 @@ class _BatchNormTrain(torch.autograd.Function):
             return (None,) * 4
         acc = _acc_dtype(x.dtype)
         dims = _bn_dims(x)
-        if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
-            xc, _mean, _shifted, var = _moments(x.to(acc), dims)  # not `_`: that is the *_ of the signature
-            rstd = _rstd(xc, var, dims, ctx.eps).reshape(-1)
-            xhat = xc * _channel_view(rstd, x.dim())
-        else:
-            xhat = _recentre(x.to(acc), dims, shifted_mean).mul_(_channel_view(rstd, x.dim()))
+        xhat, rstd = _xhat_for_backward(x.to(acc), dims, shifted_mean, _channel_view(rstd, x.dim()), ctx.eps)
+        rstd = rstd.reshape(-1)  # (C,)
         dx, dweight, dbias = batch_norm_backward.__wrapped__(dy.to(acc), xhat, rstd, _as(weight, acc), training=True)
         need = ctx.needs_input_grad
         return (
@@ -1097,12 +1103,7 @@ class _GroupNorm(torch.autograd.Function):
             return (None,) * 5
         acc = _acc_dtype(x.dtype)
         xg = x.to(acc).reshape(_grouped(x, ctx.G))
-        if torch.is_grad_enabled():  # create_graph: the statistics as differentiable functions of x
-            xc, _mean, _shifted, var = _moments(xg, (2, 3))  # not `_`: that is the *_ of the signature
-            rstd = _rstd(xc, var, (2, 3), ctx.eps)
-            xhat = xc * rstd
-        else:
-            xhat = _recentre(xg, (2, 3), shifted_mean).mul_(rstd)
+        xhat, rstd = _xhat_for_backward(xg, (2, 3), shifted_mean, rstd, ctx.eps)
         dx, dweight, dbias = group_norm_backward.__wrapped__(
             dy.to(acc), xhat.reshape(x.shape), rstd, ctx.G, _as(weight, acc)
         )
