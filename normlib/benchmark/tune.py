@@ -41,6 +41,7 @@ DEFAULT_CASES = [
     ("layer_norm", "fp32", 16384, 4096),
     ("layer_norm", "bf16", 4096, 1024),
 ]
+_OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # M x N tensor passes each direction must make at least, without and with a residual: the GPU benchmark's bytes model
 PASSES = {(d, res): _TENSOR_PASSES[("add_rms_norm" if res else "rms_norm", d)] for d in ("fwd", "bwd") for res in (False, True)}
@@ -52,8 +53,10 @@ class Case:
     def __init__(self, op: str, dtype: str, M: int, N: int, seed: int = 0, device: str = "cuda"):
         g = torch.Generator(device=device).manual_seed(seed)
         dt = DTYPES[dtype]
+        if op not in _OPS:
+            raise ValueError(f"op must be one of {_OPS} (got {op!r})")
         self.op, self.dtype, self.M, self.N = op, dtype, M, N
-        self.is_rms = op != "layer_norm"
+        self.is_rms = op in ("rms_norm", "add_rms_norm")
         self.has_res = op.startswith("add_")
 
         def rnd(*shape):
