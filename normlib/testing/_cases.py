@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional, overload
+from typing import Optional, Sequence, overload
 
 import torch
 
 from ._report import (
     _TOL,
-    _ULPS_PER_KAPPA,
     CaseResult,
     CheckReport,
     _compare,
     _exception_text,
     _Failed,
     _subject_name,
+    _tolerances,
 )
 
 
@@ -66,10 +67,7 @@ def _run_fn_cases(checker, fn, cases, reference, call_words, gradients, raise_on
             rx = case.x.detach().to(torch.float64).requires_grad_(want_grad)
             rp = {k: None if v is None else v.detach().to(torch.float64).requires_grad_(want_grad) for k, v in case.params.items()}
             expected = reference(rx, *case.middle, *rp.values(), case.eps)
-            (atol, rtol), (gatol, grtol) = _TOL[dtype]
-            if case.kappa > 1:
-                slack = _ULPS_PER_KAPPA * case.kappa * torch.finfo(dtype).eps
-                atol, rtol, gatol, grtol = (max(t, slack) for t in (atol, rtol, gatol, grtol))
+            (atol, rtol), (gatol, grtol) = _tolerances(dtype, case.kappa)
             _compare(out, expected, "the output", dtype, (atol, rtol))
             after = [t.detach() for t in [x, *params.values()] if t is not None]
             names = ["x"] + [k for k, v in params.items() if v is not None]
@@ -145,6 +143,11 @@ def _constant_rows(shape, dtype):
     rows = int(torch.tensor(shape[:-1]).prod()) if len(shape) > 1 else 1
     v = values.repeat(rows // len(values) + 1)[:rows]
     return v.reshape(*shape[:-1], 1).expand(shape).to(dtype).contiguous()
+
+
+def _constant_kappa(values: Sequence[float], eps: float) -> float:
+    """The condition number allowed for rows of one repeated value each (see :func:`_constant_rows`)."""
+    return max(map(abs, values)) / math.sqrt(eps) if eps > 0 else 1.0
 
 
 def _dtypes(dtypes, default):

@@ -21,6 +21,19 @@ _TOL = {
 _ULPS_PER_KAPPA = 32  # allowed units in the last place per unit of condition number κ = |mean| / spread
 
 
+def _tolerances(dtype: torch.dtype, kappa: float = 1.0) -> tuple:
+    """``((atol, rtol), (gradient atol, gradient rtol))`` for ``dtype`` and an input of condition number ``kappa``.
+
+    Where the mean is κ > 1 times the spread, each tolerance is at least
+    ``32 κ`` units in the last place of ``dtype``.
+    """
+    (atol, rtol), (gatol, grtol) = _TOL[dtype]
+    if kappa > 1:
+        slack = _ULPS_PER_KAPPA * kappa * torch.finfo(dtype).eps
+        atol, rtol, gatol, grtol = (max(t, slack) for t in (atol, rtol, gatol, grtol))
+    return (atol, rtol), (gatol, grtol)
+
+
 @dataclass
 class CaseResult:
     """One case a checker ran: what was called, and whether the result matched."""

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from .. import functional as _F
-from ._cases import _WHY, _leaf, _params
+from ._cases import _WHY, _constant_kappa, _leaf, _params
 from ._report import (
-    _TOL,
-    _ULPS_PER_KAPPA,
     CaseResult,
     CheckReport,
     _compare,
@@ -21,6 +18,7 @@ from ._report import (
     _Skipped,
     _subject_name,
     _tensor_words,
+    _tolerances,
 )
 
 _BN_ATTRS = ("weight", "bias", "running_mean", "running_var")
@@ -175,10 +173,7 @@ def check_batch_norm(
 
     def step(m, ref, x, training, what, dtype, kappa=1.0):
         """Run one forward (and backward in training); compare output, stats and gradients."""
-        (atol, rtol), (gatol, grtol) = _TOL[dtype]
-        if kappa > 1:
-            slack = _ULPS_PER_KAPPA * kappa * torch.finfo(dtype).eps
-            atol, rtol, gatol, grtol = (max(t, slack) for t in (atol, rtol, gatol, grtol))
+        (atol, rtol), (gatol, grtol) = _tolerances(dtype, kappa)
         want_grad = gradients and training
         xl = _leaf(x, want_grad)
         before = xl.detach().clone()
@@ -355,7 +350,7 @@ def check_batch_norm(
                 return x
             adversarial("a constant channel", constant, "channel 1 all 3.25",
                         "a channel whose values are all equal: its variance is 0, its output must be β, eps must keep it finite",
-                        kappa=lambda eps: 3.25 / math.sqrt(eps) if eps > 0 else 1.0)
+                        kappa=lambda eps: _constant_kappa((3.25,), eps))
 
             def noncontig():
                 x = batch(nd, dtype)

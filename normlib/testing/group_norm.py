@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from .. import functional as _F
-from ._cases import _CONSTANTS, _WHY, _constant_rows, _dtypes, _FnCase, _params, _randn, _run_fn_cases
+from ._cases import _CONSTANTS, _WHY, _constant_kappa, _constant_rows, _dtypes, _FnCase, _params, _randn, _run_fn_cases
 from ._report import CheckReport, _dtype_name, _tensor_words
 
 def check_group_norm(
@@ -62,7 +61,7 @@ def check_group_norm(
         const[:, 1] = const[:, 0]
         const[:, 3] = const[:, 2]
         add("constant groups", const, "every group one repeated value", 2, w_="constant",
-            kappa=max(map(abs, _CONSTANTS)) / math.sqrt(1e-5))
+            kappa=_constant_kappa(_CONSTANTS, 1e-5))
         cl = _randn(gen, 2, 6, 4, 4, dtype=dt).contiguous(memory_format=torch.channels_last)
         add("channels_last input", cl, "N(0, 1) values", 3, w_="noncontig")
         add("eps = 0.1", _randn(gen, 2, 4, 5, dtype=dt), "N(0, 1) values", 2, eps=0.1, w_="eps")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from .. import functional as _F
-from ._cases import _CONSTANTS, _CONSTANTS_WORDS, _WHY, _constant_rows, _dtypes, _FnCase, _params, _randn, _run_fn_cases
+from ._cases import _CONSTANTS, _CONSTANTS_WORDS, _WHY, _constant_kappa, _constant_rows, _dtypes, _FnCase, _params, _randn, _run_fn_cases
 from ._report import CheckReport, _dtype_name, _tensor_words
 
 def check_layer_norm(
@@ -59,7 +58,7 @@ def check_layer_norm(
         add("a single row of 128", _randn(gen, 1, 128, dtype=dt, std=3.0), "N(0, 3²) values", (128,))
         add("large offset", _randn(gen, 8, 50, dtype=dt, mean=1e4), "1e4 + N(0, 1) values", (50,), why="offset", kappa=1e4)
         add("constant rows", _constant_rows((8, 16), dt), _CONSTANTS_WORDS, (16,), why="constant",
-            kappa=max(map(abs, _CONSTANTS)) / math.sqrt(1e-5))
+            kappa=_constant_kappa(_CONSTANTS, 1e-5))
         add("non-contiguous input", _randn(gen, 24, 3, 2, dtype=dt).permute(2, 1, 0), "N(0, 1) values (a permuted view)", (24,), why="noncontig")
         add("eps = 0.1", _randn(gen, 4, 9, dtype=dt), "N(0, 1) values", (9,), eps=0.1, why="eps")
         add("weight and bias None", _randn(gen, 3, 12, dtype=dt), "N(0, 1) values", (12,), weight=False, bias=False, why="noaffine")
