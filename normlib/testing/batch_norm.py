@@ -122,95 +122,49 @@ _TRAINING_BATCHES = (_Batch(2.0, 3.0), _Batch(-1.0, 0.5), _Batch(0.0, 1.0))
 _ADVERSARIAL_CALL = "module.train(); module(x) with x a {x}"
 
 _BN_CASES: tuple[_BNCase, ...] = (
-    _BNCase(
-        "initial weight, bias and running statistics",
-        "cls({C})",
-        "a new module starts with weight 1, bias 0, running_mean 0, running_var 1",
-        module="new",
-    ),
+    _BNCase("initial weight, bias and running statistics", "cls({C})",
+            "a new module starts with weight 1, bias 0, running_mean 0, running_var 1", module="new"),
     *(
-        _BNCase(
-            f"training step {k}",
-            f"module.train(); module(x) with x a {{d}} batch of shape {{shape}} {{layout}}, "
-            f"values ≈ N({b.mean:g}, {b.std:g}²)·channel",
-            "training: batch statistics ({stats}), then the running-statistics update{hint}",
-            module="fresh" if k == 1 else "carried",
-            calls=(_Call(True, b),),
-            skip="not run: an earlier training step failed",
-        )
+        _BNCase(f"training step {k}",
+                f"module.train(); module(x) with x a {{d}} batch of shape {{shape}} {{layout}}, "
+                f"values ≈ N({b.mean:g}, {b.std:g}²)·channel",
+                "training: batch statistics ({stats}), then the running-statistics update{hint}",
+                module="fresh" if k == 1 else "carried", calls=(_Call(True, b),),
+                skip="not run: an earlier training step failed")
         for k, b in enumerate(_TRAINING_BATCHES, start=1)
     ),
-    _BNCase(
-        "evaluation, then training again",
-        "after the training steps: module.eval(); module(x) on a batch of shape {shape} and on one sample; "
-        "then module.train(); module(x)",
-        "evaluation normalizes with the running statistics (not the batch's) and does not update them; "
-        "module.train() switches back",
-        module="carried",
-        calls=(
-            _Call(False, _Batch(5.0, 2.0), "evaluation"),
-            _Call(False, _Batch(-3.0, 1.0, shape="one sample"), "evaluation on one sample {shape}"),
-            _Call(True, _Batch(1.0, 2.0), "training again after module.train()"),
-        ),
-        forward_only_note=False,
-        skip="not run: the training steps before it failed",
-    ),
-    _BNCase(
-        "momentum = 0.5",
-        "module.momentum = 0.5, then two training steps",
-        "forward reads self.momentum, with torch's convention: new = (1 - momentum)·old + momentum·batch",
-        module="fresh",
-        sets=(("momentum", 0.5),),
-        calls=(
-            _Call(True, _Batch(2.0, 1.5), "step 1 with momentum 0.5"),
-            _Call(True, _Batch(3.0, 1.5), "step 2 with momentum 0.5"),
-        ),
-        dtypes=_F32,
-        needs=("momentum", (float, type(None))),
-        forward_only_note=False,
-    ),
-    _BNCase(
-        "eps = 0.1",
-        "module.eps = 0.1, then a training step and an evaluation",
-        "forward reads self.eps and adds it to the variance inside the square root "
-        "(0.1 is large enough to show an eps ignored or added outside)",
-        module="fresh",
-        sets=(("eps", 0.1),),
-        calls=(
-            _Call(True, _Batch(0.0, 0.5), "training with eps 0.1"),
-            _Call(False, _Batch(0.0, 0.5), "evaluation with eps 0.1"),
-        ),
-        dtypes=_F32,
-        needs=("eps", (float,)),
-        forward_only_note=False,
-    ),
-    _BNCase(
-        "large offset",
-        _ADVERSARIAL_CALL,
-        _WHY["offset"],
-        module="fresh",
-        calls=(_Call(True, _Batch(1e4, 0.3, kappa=1e4)),),
-        dtypes=_F32,
-        values="values ≈ 1e4 + N(0, 0.3²)·channel",
-    ),
-    _BNCase(
-        "a constant channel",
-        _ADVERSARIAL_CALL,
-        "a channel whose values are all equal: its variance is 0, its output must be β, eps must keep it finite",
-        module="fresh",
-        calls=(_Call(True, _Batch(shape="16 per channel", constant=3.25)),),
-        dtypes=_F32,
-        values="channel 1 all 3.25",
-    ),
-    _BNCase(
-        "non-contiguous input",
-        _ADVERSARIAL_CALL,
-        _WHY["noncontig"],
-        module="fresh",
-        calls=(_Call(True, _Batch(transposed=True)),),
-        dtypes=_F32,
-        values="values ≈ N(0, 1)·channel",
-    ),
+    _BNCase("evaluation, then training again",
+            "after the training steps: module.eval(); module(x) on a batch of shape {shape} and on one sample; "
+            "then module.train(); module(x)",
+            "evaluation normalizes with the running statistics (not the batch's) and does not update them; "
+            "module.train() switches back",
+            module="carried",
+            calls=(_Call(False, _Batch(5.0, 2.0), "evaluation"),
+                   _Call(False, _Batch(-3.0, 1.0, shape="one sample"), "evaluation on one sample {shape}"),
+                   _Call(True, _Batch(1.0, 2.0), "training again after module.train()")),
+            forward_only_note=False, skip="not run: the training steps before it failed"),
+    _BNCase("momentum = 0.5", "module.momentum = 0.5, then two training steps",
+            "forward reads self.momentum, with torch's convention: new = (1 - momentum)·old + momentum·batch",
+            module="fresh", sets=(("momentum", 0.5),),
+            calls=(_Call(True, _Batch(2.0, 1.5), "step 1 with momentum 0.5"),
+                   _Call(True, _Batch(3.0, 1.5), "step 2 with momentum 0.5")),
+            dtypes=_F32, needs=("momentum", (float, type(None))), forward_only_note=False),
+    _BNCase("eps = 0.1", "module.eps = 0.1, then a training step and an evaluation",
+            "forward reads self.eps and adds it to the variance inside the square root "
+            "(0.1 is large enough to show an eps ignored or added outside)",
+            module="fresh", sets=(("eps", 0.1),),
+            calls=(_Call(True, _Batch(0.0, 0.5), "training with eps 0.1"),
+                   _Call(False, _Batch(0.0, 0.5), "evaluation with eps 0.1")),
+            dtypes=_F32, needs=("eps", (float,)), forward_only_note=False),
+    _BNCase("large offset", _ADVERSARIAL_CALL, _WHY["offset"], module="fresh",
+            calls=(_Call(True, _Batch(1e4, 0.3, kappa=1e4)),), dtypes=_F32,
+            values="values ≈ 1e4 + N(0, 0.3²)·channel"),
+    _BNCase("a constant channel", _ADVERSARIAL_CALL,
+            "a channel whose values are all equal: its variance is 0, its output must be β, eps must keep it finite",
+            module="fresh", calls=(_Call(True, _Batch(shape="16 per channel", constant=3.25)),), dtypes=_F32,
+            values="channel 1 all 3.25"),
+    _BNCase("non-contiguous input", _ADVERSARIAL_CALL, _WHY["noncontig"], module="fresh",
+            calls=(_Call(True, _Batch(transposed=True)),), dtypes=_F32, values="values ≈ N(0, 1)·channel"),
 )
 
 
@@ -415,8 +369,8 @@ class _Run:
     def call(self, m, ref: _BNState, x, training: bool, what: str, dtype: torch.dtype, kappa: float) -> str:
         """Run ``m(x)`` (and backward in training); compare output, running statistics and gradients.
 
-        Returns the case's note ("forward only" where the output does not
-        require grad), or "".
+        Returns a note for the report ("forward only" where the output does
+        not require grad), or "".
         """
         (atol, rtol), (gatol, grtol) = _tolerances(dtype, kappa)
         want_grad = self.gradients and training

@@ -7,7 +7,18 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .. import functional as _F
-from ._cases import _CONSTANTS, _CONSTANTS_WORDS, _WHY, _constant_kappa, _constant_rows, _dtypes, _FnCase, _params, _randn, _run_fn_cases
+from ._cases import (
+    _CONSTANTS,
+    _CONSTANTS_WORDS,
+    _WHY,
+    _constant_kappa,
+    _constant_rows,
+    _dtypes,
+    _FnCase,
+    _params,
+    _randn,
+    _run_fn_cases,
+)
 from ._report import CheckReport, _dtype_name, _tensor_words
 
 def check_layer_norm(
