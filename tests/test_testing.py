@@ -459,6 +459,43 @@ def test_batch_norm_catches_wrong_implementations(cls, case, words):
         T.check_batch_norm(cls)
 
 
+class WrongSecondStep(ScratchBatchNorm):
+    """Right on the first training batch, off by 1% from the second on."""
+
+    def forward(self, x):
+        self.calls = getattr(self, "calls", 0) + 1
+        y = super().forward(x)
+        return y * 1.01 if self.training and self.calls >= 2 else y
+
+
+def test_batch_norm_skips_the_cases_carried_on_from_a_failed_one():
+    report = T.check_batch_norm(WrongSecondStep, ndims=(2,), raise_on_failure=False)
+    status = {c.name: "skip" if c.skipped else c.passed for c in report.cases}
+    assert status["2-D, float32: training step 1"] is True
+    assert status["2-D, float32: training step 2"] is False
+    assert status["2-D, float32: training step 3"] == "skip"
+    assert status["2-D, float32: evaluation, then training again"] == "skip"
+    assert status["2-D, float32: eps = 0.1"] is True  # a fresh module: runs whatever came before
+    skipped = [c for c in report.cases if c.skipped]
+    assert "training steps before it failed" in skipped[1].message
+    assert "skip 2-D, float32: training step 3" in str(report)
+    with pytest.raises(AssertionError, match="failed case 3 of .*training step 2"):  # the failure, not a skip
+        T.check_batch_norm(WrongSecondStep, ndims=(2,))
+
+
+def test_batch_norm_report_follows_the_case_table():
+    from normlib.testing.batch_norm import _BN_CASES
+
+    report = T.check_batch_norm(torch.nn.BatchNorm1d, ndims=(3,))
+    expected = [
+        f"3-D, {str(dtype)[6:]}: {case.name}"
+        for dtype in (torch.float32, torch.float64)
+        for case in _BN_CASES
+        if dtype in case.dtypes
+    ]
+    assert [c.name for c in report.cases] == expected
+
+
 def test_batch_norm_layout_options():
     # a module for (N, C) only, told so: only 2-D runs, no notes
     report = T.check_batch_norm(ScratchBatchNorm, ndims=(2,))
