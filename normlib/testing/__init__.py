@@ -51,6 +51,9 @@ from .batch_norm import check_batch_norm
 from .group_norm import check_group_norm
 from .row_norms import check_layer_norm, check_rms_norm
 
+# The public home of the report classes (pickles and the API page name it, not the private module).
+CaseResult.__module__ = CheckReport.__module__ = __name__
+
 __all__ = [
     "check_layer_norm",
     "check_rms_norm",
