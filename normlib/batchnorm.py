@@ -116,7 +116,7 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         batches = _buffer(self.num_batches_tracked, "num_batches_tracked")
         with torch.no_grad():
             batches.add_(1)
-        return momentum_for_step(self.momentum, int(batches))
+        return momentum_for_step(self.momentum, batches)
 
 
 

@@ -23,7 +23,7 @@ Nothing here checks its arguments: the public entries do that once.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -174,11 +174,13 @@ def update_running(running: Tensor, batch_value: Tensor, momentum: float) -> Non
     running.copy_(new)
 
 
-def momentum_for_step(momentum: Optional[float], batches: int) -> float:
+def momentum_for_step(momentum: Optional[float], batches: Union[int, Tensor]) -> float:
     """The weight the ``batches``-th batch (counting it) gets in the running statistics.
 
     ``momentum`` itself, or for ``momentum=None`` the cumulative (equal-weight)
-    average's ``1 / batches``.
+    average's ``1 / batches``. ``batches`` may be the ``num_batches_tracked``
+    buffer: its value is read only for ``momentum=None`` (reading it would
+    wait for the device, and cannot be traced by ``torch.export``).
 
     Example:
         >>> momentum_for_step(0.1, 7), momentum_for_step(None, 4)
