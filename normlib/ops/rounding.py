@@ -35,7 +35,7 @@ class Rounding:
     """One library's rounding order for ``y = x̂ · γ + β``.
 
     Attributes:
-        name: the key in :data:`ROUNDINGS` (what the custom operator receives).
+        name: the key in ``ROUNDINGS`` (what the custom operator receives).
         xhat: where x̂ is rounded before γ multiplies it: ``"acc"`` (kept in
             the accumulation dtype), ``"input"`` (to the input's dtype) or
             ``"weight"`` (to γ's dtype).
