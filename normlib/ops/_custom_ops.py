@@ -71,8 +71,7 @@ def _fused_norm_op(
 def _(x, residual, weight, bias, eps, rms, rounding):
     M = x.numel() // x.shape[-1]
     acc = acc_dtype(x.dtype)
-    out = ROUNDINGS[rounding].out_dtype(x.dtype, None if weight is None else weight.dtype,
-                                        None if bias is None else bias.dtype)
+    out = ROUNDINGS[rounding].out_dtype(x.dtype, weight, bias)
     y = torch.empty(x.shape, dtype=out, device=x.device)
     res_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device) if residual is not None else _empty(x)
     rstd = x.new_empty((M,), dtype=acc)

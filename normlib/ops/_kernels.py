@@ -367,8 +367,7 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] =
         strides = (row_stride(x, N), row_stride(residual, N) if residual is not None else 0)
     sx, sr = strides
     acc = acc_dtype(x.dtype)
-    out_dtype = rounding.out_dtype(x.dtype, weight.dtype if weight is not None else None,
-                                   bias.dtype if bias is not None else None)
+    out_dtype = rounding.out_dtype(x.dtype, weight, bias)
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rstd = torch.empty((M,), dtype=acc, device=x.device)
     mean = None if is_rms else torch.empty((M,), dtype=acc, device=x.device)

@@ -77,8 +77,7 @@ def forward(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bia
         y = y * w
     if bias is not None:
         y = y + bias.to(acc)
-    out = rounding.out_dtype(x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-    y = y.to(out).reshape(x.shape)
+    y = y.to(rounding.out_dtype(x.dtype, weight, bias)).reshape(x.shape)
     return y, (res_out.reshape(x.shape) if res_out is not None else None), mean, rstd
 
 

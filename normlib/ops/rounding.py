@@ -10,7 +10,7 @@ take it (the operator by its ``name``), so the order is decided
 once, where a class is recognised.
 
 Example:
-    >>> LLAMA.out_dtype(torch.bfloat16, torch.float32)
+    >>> LLAMA.out_dtype(torch.bfloat16, torch.ones(4))
     torch.float32
     >>> ROUNDINGS["gemma"] is GEMMA
     True
@@ -59,10 +59,11 @@ class Rounding:
             raise ValueError(f"out must be one of {_OUT} (got {self.out!r})")
         object.__setattr__(self, "xhat_code", _XHAT.index(self.xhat))
 
-    def out_dtype(self, x_dtype: torch.dtype, weight_dtype: Optional[torch.dtype] = None,
-                  bias_dtype: Optional[torch.dtype] = None) -> torch.dtype:
-        """The output's dtype for these operand dtypes (a missing γ or β counts as the input's)."""
-        w = weight_dtype or x_dtype
+    def out_dtype(self, x_dtype: torch.dtype, weight: Optional[Tensor] = None,
+                  bias: Optional[Tensor] = None) -> torch.dtype:
+        """The output's dtype for input of ``x_dtype`` and these γ, β (a missing one counts as the input's)."""
+        w = x_dtype if weight is None else weight.dtype
+        bias_dtype = None if bias is None else bias.dtype
         if self.out == "input":
             return x_dtype
         if self.out == "float32":
