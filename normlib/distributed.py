@@ -645,8 +645,9 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
         self._sync_steps += 1
         track = self.track_running_stats
         # The batch is counted once every rank has accepted it (a failed step counts nowhere).
-        if track:  # this step's batch, counted below once every rank has accepted it
-            momentum = momentum_for_step(self.momentum, _buffer(self.num_batches_tracked, "num_batches_tracked") + 1)
+        if track:
+            momentum = momentum_for_step(self.momentum, _buffer(self.num_batches_tracked, "num_batches_tracked"),
+                                         uncounted=1)
         else:
             momentum = 0.0 if self.momentum is None else self.momentum
         y = SyncBatchNormFunction.apply(

@@ -174,16 +174,18 @@ def update_running(running: Tensor, batch_value: Tensor, momentum: float) -> Non
     running.copy_(new)
 
 
-def momentum_for_step(momentum: Optional[float], batches: Union[int, Tensor]) -> float:
-    """The weight the ``batches``-th batch (counting it) gets in the running statistics.
+def momentum_for_step(momentum: Optional[float], batches: Union[int, Tensor], uncounted: int = 0) -> float:
+    """The weight this step's batch gets in the running statistics.
 
     ``momentum`` itself, or for ``momentum=None`` the cumulative (equal-weight)
-    average's ``1 / batches``. ``batches`` may be the ``num_batches_tracked``
-    buffer: its value is read only for ``momentum=None`` (reading it would
-    wait for the device, and cannot be traced by ``torch.export``).
+    average's ``1 / k``, this batch being the ``k = batches + uncounted``-th
+    (``uncounted=1`` where the batch is counted only after the step).
+    ``batches`` may be the ``num_batches_tracked`` buffer: its value is read
+    only for ``momentum=None`` (reading it would wait for the device, and
+    cannot be traced by ``torch.export``).
 
     Example:
-        >>> momentum_for_step(0.1, 7), momentum_for_step(None, 4)
-        (0.1, 0.25)
+        >>> momentum_for_step(0.1, 7), momentum_for_step(None, 4), momentum_for_step(None, 3, uncounted=1)
+        (0.1, 0.25, 0.25)
     """
-    return 1.0 / float(batches) if momentum is None else momentum
+    return 1.0 / (float(batches) + uncounted) if momentum is None else momentum
