@@ -103,6 +103,34 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "    (no log)"
 
 
+# A machine's own pip configuration must not decide which torch the matrix
+# gets: a global constraints file (a fresh CI machine carries one that caps
+# torch at the releases on its disk) makes `torch==<newest>` unresolvable.
+# The releases therefore install with every pip configuration file ignored
+# (PIP_CONFIG_FILE=os.devnull is pip's documented switch for that) and without
+# the environment's constraint and requirement variables; the index, certificate
+# and proxy settings the environment gives stay. The pin (make install) keeps
+# the machine's configuration, which is what finds the local CPU wheel.
+_PIP_RESOLUTION_VARS = ("PIP_CONSTRAINT", "PIP_REQUIREMENT", "PIP_BUILD_CONSTRAINT")
+
+
+def pip_env(base: dict | None = None) -> dict:
+    """The environment of the matrix's pip: ``base`` (default ``os.environ``) with pip's configuration
+    files and its resolution-changing variables set aside."""
+    env = dict(os.environ if base is None else base)
+    for var in _PIP_RESOLUTION_VARS:
+        env.pop(var, None)
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+def pip_install(python: Path | str, requirements: list[str], *options: str) -> list[str]:
+    """The matrix's one install command: ``python -m pip install`` the ``requirements`` (run it with
+    :func:`pip_env`)."""
+    return [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
+            *options, *requirements]
+
+
 def _setup_one(version: str) -> str:
     """One release's venv: up to ATTEMPTS tries (a multi-GB download can break off), each logged."""
     env = ENVS / version
@@ -120,12 +148,9 @@ def _setup_one(version: str) -> str:
         with open(log, "a") as out:
             out.write(f"== attempt {attempt} ({_free_gb():.1f} GB free)\n")
             out.flush()
-            rc = subprocess.run(
-                [str(_python(version)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                 "--cache-dir", str(cache), "--timeout", "120", "--retries", "10",
-                 f"torch=={version}", *RELEASES[version], *TEST_TOOLS],
-                stdout=out, stderr=subprocess.STDOUT,
-            ).returncode
+            cmd = pip_install(_python(version), [f"torch=={version}", *RELEASES[version], *TEST_TOOLS],
+                              "--cache-dir", str(cache), "--timeout", "120", "--retries", "10")
+            rc = subprocess.run(cmd, env=pip_env(), stdout=out, stderr=subprocess.STDOUT).returncode
         if rc == 0:
             shutil.rmtree(cache, ignore_errors=True)
             stamp.touch()
