@@ -22,7 +22,7 @@ from typing import Optional
 
 import inspect
 
-import torch
+import torch  # noqa: F401 (the docstrings' examples, run as doctests, use it)
 from torch import Tensor, nn
 
 from . import ops

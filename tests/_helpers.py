@@ -2,8 +2,11 @@
 
 import torch
 
-# Absolute slack added to "no worse than twice torch's own error".
-ATOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+from normlib.testing.tolerance import tolerance
+
+# Slack added to "no worse than twice torch's own error", relative to the values' scale: the one
+# rule of normlib.testing.tolerance, for reductions up to its N_MAX elements.
+ATOL = {dtype: tolerance(dtype) for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
 
 
 def _clone(ts, dtype=None):

@@ -7,13 +7,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-# Tolerances for comparing two correct implementations in a given dtype.
-TOL = {
-    torch.float64: dict(rtol=1e-10, atol=1e-10),
-    torch.float32: dict(rtol=1e-5, atol=1e-5),
-    torch.float16: dict(rtol=2e-3, atol=2e-3),
-    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
-}
+from normlib.testing.tolerance import close
+
+# Tolerances for comparing two correct implementations in a given dtype: the one
+# rule of normlib.testing.tolerance (2κ(u_out + λ√n·u_acc), n up to 4096, κ = 1).
+TOL = {dtype: close(dtype) for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,12 @@
 """MultiHeadAttention and TransformerBlock against torch."""
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as TF
 
 import normlib as nl
+from normlib.testing.tolerance import close
 
 
 def _torch_mha_like(ours: nl.MultiHeadAttention) -> torch.nn.MultiheadAttention:
@@ -29,7 +29,7 @@ def test_matches_torch_multihead_attention(B, T, S, d, h, causal):
     q, k, v = torch.randn(B, T, d), torch.randn(B, S, d), torch.randn(B, S, d)
     mask = torch.triu(torch.ones(T, S, dtype=torch.bool), 1) if causal else None
     expect, _ = ref(q, k, v, attn_mask=mask, need_weights=False)
-    torch.testing.assert_close(ours(q, k, v, causal=causal), expect, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours(q, k, v, causal=causal), expect, **close(torch.float32))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -43,7 +43,7 @@ def test_matches_scaled_dot_product_attention(causal):
 
     heads = TF.scaled_dot_product_attention(split(q, ours.w_q), split(k, ours.w_k), split(v, ours.w_v), is_causal=causal)
     expect = ours.w_o(heads.transpose(1, 2).reshape(B, T, d))
-    torch.testing.assert_close(ours(q, k, v, causal=causal), expect, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours(q, k, v, causal=causal), expect, **close(torch.float32))
 
 
 def test_gradients_match_torch_and_gradcheck():
@@ -99,7 +99,7 @@ def test_transformer_block_matches_torch_encoder_layer():
             ref.norm1.load_state_dict(ours.norm1.state_dict())
             ref.norm2.load_state_dict(ours.norm2.state_dict())
         x = torch.randn(2, 6, 16)
-        torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours(x), ref(x), **close(torch.float32))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -172,7 +172,7 @@ def test_masks_match_torch_multihead_attention(B, T, S, d, h, kind, impl):
     masks = _masks(kind, B, T, S, h, gen)
     for need_weights in (False, True):  # torch's SDPA path and its step-by-step path
         expect, _ = ref(q, k, v, need_weights=need_weights, **masks)
-        torch.testing.assert_close(ours(q, k, v, **masks), expect, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours(q, k, v, **masks), expect, **close(torch.float32))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -209,7 +209,7 @@ def test_causal_combines_with_the_other_masks(impl):
     future = torch.ones(T, S, dtype=torch.bool).tril().logical_not()  # (T, S), True = may not attend
     combined = masks["attn_mask"] | future
     expect, _ = ref(q, kv, kv, key_padding_mask=masks["key_padding_mask"], attn_mask=combined, need_weights=False)
-    torch.testing.assert_close(ours(q, kv, kv, causal=True, **masks), expect, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours(q, kv, kv, causal=True, **masks), expect, **close(torch.float32))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -266,7 +266,7 @@ def test_fully_masked_rows_attend_to_nothing(impl, case):
     answered = torch.ones(B, T, dtype=torch.bool)
     for b, t in empty:
         answered[b, t] = False
-    torch.testing.assert_close(y[answered], expect[answered], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y[answered], expect[answered], **close(torch.float32))
     # no NaN in any gradient, and nothing flows back from an empty row
     g = torch.zeros_like(y)
     for b, t in empty:

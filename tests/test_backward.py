@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck, gradgradcheck
 
 import normlib.functional as nf
+from normlib.testing.tolerance import KAPPA_GRADIENT, close
 
 torch.manual_seed(0)
 
@@ -197,7 +198,7 @@ def test_low_precision_empty_and_non_contiguous(name):
     dy = torch.randn(*xs)
     g1 = torch.autograd.grad(ours(x1, None, None), x1, dy)[0]
     g2 = torch.autograd.grad(theirs(x2, None, None), x2, dy)[0]
-    torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(g1, g2, **close(torch.float32, kappa=KAPPA_GRADIENT))
     # empty batch (training BatchNorm has no statistics to take from it: skipped)
     if name != "batch_norm_train":
         x = torch.randn((0,) + tuple(xs[1:]), requires_grad=True)
@@ -226,7 +227,7 @@ def test_vmap_of_grad_and_functional_call():
 
     got = vmap(grad(loss))(xs)
     want = torch.stack([grad(lambda x: F.layer_norm(x, (8,), w, None).square().sum())(x) for x in xs])
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got, want, **close(torch.float32, kappa=KAPPA_GRADIENT))
 
     m = torch.nn.GroupNorm(2, 4)
     params = {"weight": torch.randn(4, requires_grad=True), "bias": torch.randn(4, requires_grad=True)}
@@ -243,7 +244,7 @@ def test_vmap_of_grad_and_functional_call():
     out = functional_call(G(), params, (x,))
     g1 = torch.autograd.grad(out.square().sum(), list(params.values()))
     g2 = torch.autograd.grad(F.group_norm(x, 2, *params.values()).square().sum(), list(params.values()))
-    torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(g1, g2, **close(torch.float32, kappa=KAPPA_GRADIENT))
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "group_norm", "batch_norm_train"])

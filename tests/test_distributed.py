@@ -21,8 +21,9 @@ from torch import nn
 import normlib as nl
 from normlib.distributed import SyncBatchNormFunction, _raise_if_mismatched, combine_moments, local_moments
 from normlib.examples.launch import spawn
+from normlib.testing.tolerance import close
 
-TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+TOL = {dtype: close(dtype) for dtype in (torch.float64, torch.float32)}
 TIMEOUT = 240  # seconds for a whole launch; a healthy one takes a few
 
 

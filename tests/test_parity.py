@@ -7,6 +7,7 @@ from torch.autograd import gradcheck
 
 import normlib as nl
 import normlib.functional as F
+from normlib.testing.tolerance import KAPPA_GRADIENT, close
 from _helpers import assert_forward_backward, assert_no_worse
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -190,14 +191,14 @@ def test_modules_match_torch_over_train_and_eval(ours, theirs, shape):
         x = torch.randn(shape) * 3 + 1
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = a(xa), b(xb)
-        torch.testing.assert_close(ya, yb, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ya, yb, **close(torch.float32))
         g = torch.randn_like(ya)
         ya.backward(g)
         yb.backward(g)
-        torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(xa.grad, xb.grad, **close(torch.float32, kappa=KAPPA_GRADIENT))
         for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
             assert na == nb
-            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(pa.grad, pb.grad, **close(torch.float32, kappa=KAPPA_GRADIENT))
             pa.grad = pb.grad = None
         for (na, ba), (nb, bb) in zip(a.named_buffers(), b.named_buffers()):
             assert na == nb

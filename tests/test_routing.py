@@ -14,6 +14,7 @@ import normlib as nl
 import normlib.functional as F
 from normlib import ops
 from normlib.ops import native, routing
+from normlib.testing.tolerance import close
 
 F32 = torch.float32
 
@@ -149,7 +150,7 @@ def test_add_layer_norm_native_equals_reference():
             y, res = ops.add_layer_norm(x, r, w, b)
         out[path] = [y, res] + list(torch.autograd.grad((y * y).sum() + res.sum(), (x, r, w, b)))
     for a, b_ in zip(out["native"], out["reference"]):
-        torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, b_, **close(torch.float32))
 
 
 def test_modules_match_torch_nn_on_the_native_path():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import normlib as nl
-from normlib import interop, ops
+from normlib import ops
 
 from _helpers import assert_no_worse
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import normlib as nl
-from normlib import interop, ops
+from normlib import interop
 
 from _helpers import assert_no_worse
 

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-from ._common import cuda_timer, environment, graph_timer, wall_timer, warm_up_gpu, write_json
+from ._common import cuda_timer, environment, graph_timer, warm_up_gpu, write_json
 
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
 MODES = ("fwd", "bwd", "fwd+bwd")
