@@ -234,3 +234,58 @@ def test_errata_cells_check_behaviour_not_third_party_source():
         if c.cell_type == "code":
             assert ".read_text()" not in c.source, c.source[:80]
             assert 'find_spec("transformers")' not in c.source, c.source[:80]
+
+
+stability = _load_tool("stability")
+
+
+def test_stability_compares_what_nbval_compares():
+    """Streams written in pieces are one text, ignored cells and figures are left out, sanitizing applies."""
+    nb = {"cells": [
+        {"cell_type": "code", "metadata": {}, "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": "a = 1"},
+            {"output_type": "stream", "name": "stdout", "text": ".5\nb at 0x7f00deadbeef\n"},
+            {"output_type": "display_data", "data": {"image/svg+xml": "<svg/>", "text/plain": "<Figure>"}},
+        ]},
+        {"cell_type": "markdown", "metadata": {}, "source": "text"},
+        {"cell_type": "code", "metadata": {"tags": ["nbval-ignore-output"]},
+         "outputs": [{"output_type": "stream", "name": "stdout", "text": "12.3 s\n"}]},
+        {"cell_type": "code", "metadata": {}, "outputs": [
+            {"output_type": "error", "ename": "ValueError", "evalue": "bad eps", "traceback": []}]},
+    ]}
+    lines = stability.compared_lines(nb, stability.sanitizers())
+    assert lines == {0: ["a = 1.5", "b at 0xADDRESS", "<Figure>"], 3: ["ValueError: bad eps"]}
+
+
+def test_stability_runs_only_the_capabilities_this_cpu_has():
+    assert stability.runnable_capabilities(set()) == ["default"]
+    assert stability.runnable_capabilities({"avx2", "fma"}) == ["default", "avx2"]
+    avx512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    assert stability.runnable_capabilities(avx512) == ["default", "avx2", "avx512"]
+    assert stability.runnable_capabilities(avx512 - {"avx512vl"}) == ["default", "avx2"]
+
+
+def test_stability_finds_a_line_that_depends_on_the_thread_count(tmp_path, capsys):
+    """End to end: a chapter printing its thread count is stable under one thread count, not under two."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import torch\nprint('threads', torch.get_num_threads())\nprint('same')")]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="threads 1\nsame\n")]
+    path = tmp_path / "threads.ipynb"
+    nbformat.write(nb, path)
+    assert stability.main(["--capabilities", "default", "--threads", "1", str(path)]) == 0
+    assert stability.main(["--capabilities", "default", "--threads", "1,2", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "default/2t  threads 2   <- differs" in out and "1 line(s) differ" in out
+    assert "'same'" not in out and "  same" not in out.split("1 line(s) differ")[-1]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--capabilities", "sse9"], "--capabilities"),
+    (["--threads", "0"], "--threads"),
+    (["--threads", "two"], "--threads"),
+    (["--jobs", "0"], "--jobs"),
+])
+def test_stability_refuses_bad_arguments_by_name(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        stability.main([*argv, str(CHAPTERS[0])])
+    assert e.value.code == 2 and words in capsys.readouterr().err

@@ -140,18 +140,20 @@ def kernel_environment() -> None:
     os.environ["IPYTHONDIR"] = str(IPYTHONDIR)
 
 
-def execute(path: Path) -> float:
+def run(path: Path):
+    """Execute the notebook at ``path`` top to bottom in a fresh kernel, in this process's environment
+    (plus the chapters' kernel settings), and return it with volatile metadata dropped; nothing is
+    written. The one way a chapter is executed: ``execute`` stores the result, and
+    book/_tools/stability.py compares it across CPUs and thread counts."""
     nb = nbformat.read(path, as_version=4)
     kernel_environment()
     os.environ["SOURCE_DATE_EPOCH"] = "0"  # no timestamp in SVG figures (book/matplotlibrc fixes their ids)
-    start = time.perf_counter()
     NotebookClient(
         nb,
         timeout=600,
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
     ).execute()
-    elapsed = time.perf_counter() - start
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("collapsed", None)
@@ -161,6 +163,14 @@ def execute(path: Path) -> float:
         "language_info": {"name": "python"},
     }
     nbformat.validate(nb)
+    return nb
+
+
+def execute(path: Path) -> float:
+    """Execute the notebook and store its outputs in place; returns the seconds it took."""
+    start = time.perf_counter()
+    nb = run(path)
+    elapsed = time.perf_counter() - start
     nbformat.write(nb, path)
     return elapsed
 
