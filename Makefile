@@ -1,6 +1,8 @@
 # Two entry points do all the set-up on a fresh machine:
 #   make book   create .venv if missing, install everything, build the HTML book
 #   make test   same set-up, then every test (library, notebooks, built site)
+# and one for the edit-test loop (under a minute once set up):
+#   make check  lint, type check and the fast library tests
 # and one to read the chapters interactively:
 #   make lab    same set-up plus JupyterLab (installed by this target only), opened on book/
 # The repository the book links to is one setting, read by the build and the tests:
@@ -22,11 +24,13 @@ NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-tim
 JUPYTERLAB := jupyterlab>=4,<5
 LAB_STAMP := $(VENV)/.lab-installed
 
-.PHONY: help install book test test-lib test-notebooks test-site test-cuda test-torch-matrix notebooks setup-cells lab clean
+.PHONY: help install book check test test-lib test-unit test-doctests test-types test-notebooks test-notebooks-here \
+	test-notebooks-portable test-site test-cuda test-torch-matrix notebooks setup-cells lab clean
 
 help:
 	@echo "make book       build the book, English and Chinese, into _build/html (sets up $(VENV) first)"
-	@echo "make test       run every test (sets up $(VENV) first)"
+	@echo "make test       run every test (sets up $(VENV) first; its phases side by side)"
+	@echo "make check      lint, types and the fast library tests: the edit-test loop (under a minute)"
 	@echo "make test-cuda  on a CUDA machine: the compiled kernels at realistic shapes"
 	@echo "make test-torch-matrix  the library tests on the other torch releases (CI runs it; ~15 GB of venvs)"
 	@echo "make notebooks  re-execute the chapters in place, storing fresh outputs"
@@ -63,12 +67,51 @@ book: $(STAMP) $(MATHJAX)
 	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html (中文版: _build/html/zh/index.html)"
 	@test -n "$$NORMLIB_REPOSITORY_URL" || echo "(NORMLIB_REPOSITORY_URL is not set: no repository or launch buttons; see the README)"
 
-test: test-lib test-notebooks test-site
+# `make test` runs its phases side by side: the library tests keep both cores
+# busy, the notebooks (two passes), the book build with its browser checks,
+# the doctests and mypy are mostly one core each, and they interleave. Each
+# phase's output is printed whole when it ends (--output-sync), then one line
+# of times. TEST_JOBS phases run at once.
+TEST_PHASES := test-unit test-notebooks-here test-notebooks-portable test-site test-doctests test-types
+TEST_JOBS ?= 4
+test: $(STAMP)
+	@echo "make test: $(TEST_PHASES), $(TEST_JOBS) at a time; each phase's output appears when it ends"
+	@mkdir -p _build/phases && rm -f _build/phases/*
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target -k $(TEST_PHASES) || status=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s in all; by phase: $$(cat _build/phases/* 2>/dev/null | tr '\n' ' ')"; \
+	exit $$status
 
-test-lib: $(STAMP)
-	$(BIN)/python -m pytest tests -n 2
-	$(BIN)/python -m pytest --doctest-modules normlib -p no:cacheprovider -q
-	$(BIN)/python -m mypy
+# One phase's wall time, for the summary line above.
+TIMED = @t0=$$(date +%s); trap 'echo "$@ $$(( $$(date +%s) - t0 ))s" > _build/phases/$@' EXIT;
+
+# The library's tests, doctests and type check (test-lib: the three in turn).
+test-lib: test-unit test-doctests test-types
+
+test-unit: $(STAMP)
+	@mkdir -p _build/phases
+	$(TIMED) $(BIN)/python -m pytest tests -n 2 --dist worksteal -p no:cacheprovider
+
+test-doctests: $(STAMP)
+	@mkdir -p _build/phases
+	$(TIMED) $(BIN)/python -m pytest --doctest-modules normlib -p no:cacheprovider -q
+
+test-types: $(STAMP)
+	@mkdir -p _build/phases
+	$(TIMED) $(BIN)/python -m mypy
+
+# The edit-test loop: pyflakes' checks, mypy and the library tests not marked
+# slow (tests/conftest.py names the slow modules), side by side.
+check: $(STAMP)
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory -j3 --output-sync=target -k check-lint test-types check-fast || status=$$?; \
+	echo "make check: $$(( $$(date +%s) - start )) s"; exit $$status
+
+check-lint: $(STAMP)
+	$(BIN)/ruff check
+
+check-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -n 2 -q -m "not slow" -p no:cacheprovider
 
 # The library tests on the lowest torch pyproject.toml allows, on 2.11 and on the
 # newest release, each in its own venv under .venv-torch/ (the pin is test-lib's).
@@ -77,21 +120,32 @@ test-torch-matrix: $(STAMP)
 	$(BIN)/python .ci/torch_matrix.py run
 
 # Every chapter twice: once as this machine runs it, once as another CPU would.
-# ATen picks its vector kernels by CPU (AVX-512 on many Intel machines, AVX2 on
-# others), and reductions and matrix products round differently between them and
-# between thread counts; a stored output has to hold on every x86-64 CPU, so the
-# second pass forces ATen's portable kernels and one thread
-# (ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1), which round differently
-# from this machine's own. The first failing pass stops the target.
+# ATen picks its vector kernels by CPU (AVX-512 on many Intel and AMD Zen 4
+# machines, AVX2 on others), and reductions and matrix products round
+# differently between them and between thread counts; a stored output has to
+# hold on every x86-64 CPU, so the second pass forces ATen's portable kernels
+# and one thread (ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1). The two
+# passes run side by side under `make test`. Every capability this CPU offers
+# times one and two threads: book/_tools/stability.py (see the README).
 PORTABLE_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-test-notebooks: $(STAMP)
+test-notebooks: test-notebooks-here test-notebooks-portable
+
+test-notebooks-here: $(STAMP)
 ifeq ($(NOTEBOOKS),)
 	@echo "no notebooks under book/ yet"
 else
-	$(BIN)/python -m pytest $(NBVAL) $(NOTEBOOKS)
-	@echo "The chapters again, as another CPU computes them: $(PORTABLE_CPU)"
-	$(PORTABLE_CPU) $(BIN)/python -m pytest $(NBVAL) $(NOTEBOOKS)
+	@mkdir -p _build/phases
+	$(TIMED) $(BIN)/python -m pytest $(NBVAL) -p no:cacheprovider $(NOTEBOOKS)
+endif
+
+test-notebooks-portable: $(STAMP)
+ifeq ($(NOTEBOOKS),)
+	@echo "no notebooks under book/ yet"
+else
+	@mkdir -p _build/phases
+	@echo "The chapters as another CPU computes them: $(PORTABLE_CPU)"
+	$(TIMED) $(PORTABLE_CPU) $(BIN)/python -m pytest $(NBVAL) -p no:cacheprovider $(NOTEBOOKS)
 endif
 
 # The built book: its links and buttons (always), then every page in headless
@@ -99,7 +153,8 @@ endif
 # checks are skipped with a message and the target still passes; CI sets
 # NORMLIB_REQUIRE_BROWSER=1, which turns a missing browser into a failure.
 test-site: book
-	NORMLIB_SITE_DIR=_build/html $(BIN)/python -m pytest tests/test_site.py -rs
+	@mkdir -p _build/phases
+	$(TIMED) NORMLIB_SITE_DIR=_build/html $(BIN)/python -m pytest tests/test_site.py -rs -p no:cacheprovider
 
 # The compiled kernels on a GPU (skipped without one); not part of CI, which has none.
 test-cuda: $(STAMP)

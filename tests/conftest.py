@@ -14,6 +14,32 @@ from normlib.testing.tolerance import close
 TOL = {dtype: close(dtype) for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
 
 
+# The modules `make check` leaves to `make test` (marked `slow`): each compiles
+# graphs, spawns processes, runs Triton's interpreter or the benchmarks' machinery,
+# or builds transformers models, and together they are most of the suite's time
+# (measured with `pytest tests --durations=0`). Everything else runs in seconds.
+SLOW_MODULES = {
+    "test_compile_gradients", "test_ops_interpreter", "test_distributed", "test_kernels_compile",
+    "test_compile_export", "test_swap", "test_swap_scan", "test_swap_families", "test_cpu_benchmark",
+    "test_custom_ops", "test_benchmark", "test_book", "test_site", "test_zh_edition", "test_ops_cuda",
+    "test_tune", "test_model_benchmark", "test_fused_api", "test_project",
+}
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under ``-m "not slow"`` (make check) the slow modules are not even imported (transformers, compile)."""
+    if config.getoption("markexpr", "") == "not slow" and collection_path.suffix == ".py" \
+            and collection_path.stem in SLOW_MODULES:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
