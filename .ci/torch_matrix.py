@@ -8,9 +8,9 @@ the other releases, each in its own venv holding only torch (with the Triton
 and numpy it needs) and the test tools, with this checkout on ``PYTHONPATH``
 so pip never swaps torch. Releases other than the pin come from PyPI as CUDA
 builds (5 to 7 GB each; they run on CPU): ``setup`` installs them one after
-another, retrying a broken download, and ``.ci/run`` starts it first, so that
-the downloads overlap the pin's tests, then runs them on one worker beside the
-notebooks and the site checks, which leave one of CI's two cores idle.
+another, retrying a broken download, with the machine's pip configuration
+ignored (see ``pip_env``). ``.ci/run`` starts it first, so that the downloads
+overlap ``make test``, then runs the releases' tests on both cores.
 
 The tests are the library's CORE (see below; ``--all`` for every one), run
 with this checkout on ``PYTHONPATH``. ``run``
@@ -64,18 +64,15 @@ IGNORE = ["tests/test_book.py", "tests/test_site.py", "tests/test_zh_edition.py"
 # Triton machinery that torch does not touch (the interpreter's kernel sweep,
 # ptxas resource reports, tuning, the benchmarks' plumbing) and what needs
 # transformers. Two CPU cores cannot run the whole suite four times within
-# CI's 30 minutes; `run --all` runs everything.
+# CI's 30 minutes; `run --all` runs everything. The compiled-gradient zoo runs
+# whole (every dtype, static and dynamic shapes, both compile modes): CI runs
+# the releases on both cores once `make test` is done.
 CORE = [
     "tests/test_modules.py", "tests/test_parity.py", "tests/test_backward.py", "tests/test_numerics.py",
     "tests/test_errors.py", "tests/test_attention.py", "tests/test_transforms.py",
     "tests/test_compile_gradients.py", "tests/test_compile_export.py", "tests/test_custom_ops.py",
     "tests/test_distributed.py", "tests/test_swap_api.py", "tests/test_testing.py",
 ]
-# Of the compiled-gradient zoo, the static configurations (every dtype, both
-# compile modes): its dynamic ones are a third of a release's time, and the pin
-# runs them all, while each release still compiles with dynamic shapes in
-# test_compile_export (fullgraph compile and torch.export with a dynamic batch).
-CORE_K = "not ((test_norms or test_blocks) and dynamic)"
 GROUPS = {
     "compile": re.compile(r"compile|inductor|dynamo", re.I),
     "export": re.compile(r"export", re.I),
@@ -220,7 +217,7 @@ def run(versions: list[str], workers: str, everything: bool = False) -> int:
         xml = out_dir / f"torch-matrix-{version}.xml"
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         env.pop("PYTHONHOME", None)
-        tests = ["tests", *(f"--ignore={p}" for p in IGNORE)] if everything else [*CORE, "-k", CORE_K]
+        tests = ["tests", *(f"--ignore={p}" for p in IGNORE)] if everything else CORE
         cmd = [str(py), "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-n", workers,
                f"--junitxml={xml}", "--tb=short"]
         print(f"\n== torch {version}: {' '.join(cmd[1:])}", flush=True)
