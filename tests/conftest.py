@@ -4,6 +4,18 @@ import os
 # interpreter, which must be switched on before anything imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Inductor picks its vector ISA from ATEN_CPU_CAPABILITY, but (torch 2.13) its
+# on-disk caches are not keyed on it: after a run at this CPU's own capability,
+# a run with ATEN_CPU_CAPABILITY=default reuses the AVX-512 kernel source and
+# compiles it against the portable header, a C++ compile error ("'at::vec' has
+# not been declared"). A run that forces a capability gets a cache of its own.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import getpass
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_aten_{os.environ['ATEN_CPU_CAPABILITY']}")
+
 import pytest
 import torch
 
