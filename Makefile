@@ -83,21 +83,18 @@ test: $(STAMP)
 	exit $$status
 
 # One phase's wall time, for the summary line above.
-TIMED = @t0=$$(date +%s); trap 'echo "$@ $$(( $$(date +%s) - t0 ))s" > _build/phases/$@' EXIT;
+TIMED = @mkdir -p _build/phases; t0=$$(date +%s); trap 'echo "$@ $$(( $$(date +%s) - t0 ))s" > _build/phases/$@' EXIT;
 
 # The library's tests, doctests and type check (test-lib: the three in turn).
 test-lib: test-unit test-doctests test-types
 
 test-unit: $(STAMP)
-	@mkdir -p _build/phases
 	$(TIMED) $(BIN)/python -m pytest tests -n 2 --dist worksteal -p no:cacheprovider
 
 test-doctests: $(STAMP)
-	@mkdir -p _build/phases
 	$(TIMED) $(BIN)/python -m pytest --doctest-modules normlib -p no:cacheprovider -q
 
 test-types: $(STAMP)
-	@mkdir -p _build/phases
 	$(TIMED) $(BIN)/python -m mypy
 
 # The edit-test loop: pyflakes' checks, mypy and the library tests not marked
@@ -135,7 +132,6 @@ test-notebooks-here: $(STAMP)
 ifeq ($(NOTEBOOKS),)
 	@echo "no notebooks under book/ yet"
 else
-	@mkdir -p _build/phases
 	$(TIMED) $(BIN)/python -m pytest $(NBVAL) -p no:cacheprovider $(NOTEBOOKS)
 endif
 
@@ -143,7 +139,6 @@ test-notebooks-portable: $(STAMP)
 ifeq ($(NOTEBOOKS),)
 	@echo "no notebooks under book/ yet"
 else
-	@mkdir -p _build/phases
 	@echo "The chapters as another CPU computes them: $(PORTABLE_CPU)"
 	$(TIMED) $(PORTABLE_CPU) $(BIN)/python -m pytest $(NBVAL) -p no:cacheprovider $(NOTEBOOKS)
 endif
@@ -153,7 +148,6 @@ endif
 # checks are skipped with a message and the target still passes; CI sets
 # NORMLIB_REQUIRE_BROWSER=1, which turns a missing browser into a failure.
 test-site: book
-	@mkdir -p _build/phases
 	$(TIMED) NORMLIB_SITE_DIR=_build/html $(BIN)/python -m pytest tests/test_site.py -rs -p no:cacheprovider
 
 # The compiled kernels on a GPU (skipped without one); not part of CI, which has none.

@@ -4,9 +4,6 @@ import torch
 
 from normlib.testing.tolerance import tolerance
 
-# Slack added to "no worse than twice torch's own error", relative to the values' scale: the one
-# rule of normlib.testing.tolerance, for reductions up to its N_MAX elements.
-ATOL = {dtype: tolerance(dtype) for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
 
 
 def _clone(ts, dtype=None):
@@ -57,5 +54,6 @@ def assert_no_worse(ours, theirs, ref, dtype, name="value"):
     assert torch.isfinite(ours).all() or not torch.isfinite(theirs).all(), f"{name}: non-finite values"
     ea, eb = _max_err(ours, ref), _max_err(theirs, ref)
     scale = max(1.0, ref.abs().max().item() if ref.numel() else 1.0)
-    assert ea <= 2 * eb + ATOL[dtype] * scale, f"{name}: our max error {ea:.3g} vs torch's {eb:.3g} in {dtype}"
+    # the slack, relative to the values' scale, is the one rule of normlib.testing.tolerance
+    assert ea <= 2 * eb + tolerance(dtype) * scale, f"{name}: our max error {ea:.3g} vs torch's {eb:.3g} in {dtype}"
 

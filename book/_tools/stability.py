@@ -43,22 +43,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
+sys.path.insert(0, str(HERE))
+from execute_notebooks import cpu  # noqa: E402 (the CPU model and its ISA flags, read once for both tools)
+
 CAPABILITIES = ("default", "avx2", "avx512")
 # The CPU flags ATen checks before it runs a capability's kernels (aten/src/ATen/cpu/Utils.cpp and
 # c10's cpuinfo checks): AVX2 with FMA; AVX-512 F, BW, VL and DQ.
 NEEDS = {"default": set(), "avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}
 SKIPPED_MIME = ("image/",)  # figures: nbval does not compare them either (book/conftest.py)
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "flags":
-                return set(value.split())
-    except OSError:
-        pass
-    return set()
 
 
 def runnable_capabilities(flags: set[str]) -> list[str]:
@@ -171,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", "-j", type=int, default=1, help="executions at a time (default: 1)")
     args = parser.parse_args(argv)
 
-    flags = cpu_flags()
-    runnable = runnable_capabilities(flags)
+    machine = cpu()
+    runnable = runnable_capabilities(set((machine["cpu_flags"] or "").split()))
     if args.capabilities is None:
         capabilities = runnable
     else:
@@ -196,10 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"chapters: not notebook files: {', '.join(bad)}")
 
-    model = next((line.partition(":")[2].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
     lacking = [c for c in CAPABILITIES if c not in runnable]
-    print(f"CPU: {model}; ATen capabilities run here: {', '.join(capabilities)}"
+    print(f"CPU: {machine['cpu'] or 'unknown'}; ATen capabilities run here: {', '.join(capabilities)}"
           + (f" (this CPU cannot run {', '.join(lacking)})" if lacking else "")
           + f"; threads: {', '.join(map(str, threads))}")
     configs = [(c, t) for c in capabilities for t in threads]
