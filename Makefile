@@ -32,7 +32,7 @@ help:
 	@echo "make test       run every test (sets up $(VENV) first; its phases side by side)"
 	@echo "make check      lint, types and the fast library tests: the edit-test loop (under a minute)"
 	@echo "make test-cuda  on a CUDA machine: the compiled kernels at realistic shapes"
-	@echo "make test-torch-matrix  the library tests on the other torch releases (CI runs it; ~15 GB of venvs)"
+	@echo "make test-torch-matrix  the library tests on the other torch releases (CI runs it; keeps ~17 GB of venvs)"
 	@echo "make notebooks  re-execute the chapters in place, storing fresh outputs"
 	@echo "make lab        open the chapters in JupyterLab with this environment (installs JupyterLab)"
 	@echo "make setup-cells  give every chapter its set-up cell (then: make notebooks)"
@@ -113,7 +113,6 @@ check-fast: $(STAMP)
 # The library tests on the lowest torch pyproject.toml allows, on 2.11 and on the
 # newest release, each in its own venv under .venv-torch/ (the pin is test-lib's).
 test-torch-matrix: $(STAMP)
-	$(BIN)/python .ci/torch_matrix.py setup
 	$(BIN)/python .ci/torch_matrix.py run
 
 # Every chapter twice: once as this machine runs it, once as another CPU would.

@@ -1,16 +1,19 @@
 """The library tests on every torch the package claims: the lowest, 2.11, the pin, the newest.
 
     python .ci/torch_matrix.py setup     # one venv per release under .venv-torch/ (downloads)
-    python .ci/torch_matrix.py run       # the library tests in each; a table of the results
+    python .ci/torch_matrix.py run       # the library tests in each (installing what is missing); a table
+    python .ci/torch_matrix.py run --remove --after FILE   # CI: install now, test after FILE, one venv at a time
 
 ``make test`` already runs everything on the pin (constraints.txt); this adds
 the other releases, each in its own venv holding only torch (with the Triton
 and numpy it needs) and the test tools, with this checkout on ``PYTHONPATH``
 so pip never swaps torch. Releases other than the pin come from PyPI as CUDA
-builds (5 to 7 GB each; they run on CPU): ``setup`` installs them one after
-another, retrying a broken download, with the machine's pip configuration
-ignored (see ``pip_env``). ``.ci/run`` starts it first, so that the downloads
-overlap ``make test``, then runs the releases' tests on both cores.
+builds (5 to 7 GB each; they run on CPU), downloaded (a broken download
+retried) and installed with the machine's pip configuration ignored (see
+``pip_env``), as the disk allows (see ``Disk``). ``.ci/run`` starts
+``run --remove --after`` first, so that the first release installs beside
+``make test``; the releases' tests then run on both cores, one after another,
+each venv removed once tested so that the next fits on CI's disk.
 
 The tests are the library's CORE (see below; ``--all`` for every one), run
 with this checkout on ``PYTHONPATH``. ``run``
@@ -23,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -83,9 +88,18 @@ def _python(version: str) -> Path:
     return ENVS / version / "bin" / "python"
 
 
-# A release's venv is about 5-7 GB; pip also needs room for the wheels it
-# downloads (kept in a cache of the matrix's own, removed once installed).
-NEEDS_GB = 10
+# Disk, as measured (2026-11-27): a release's wheels are 2.9 GB (2.15.0) to about
+# 3.5 GB, its venv 4.7 GB (2.11.0) to 6.5 GB (2.8.0); the pin's .venv is 2.6 GB.
+# A CI machine has about 17 GB free after the clone, so it holds the pin and one
+# release, never all three (their venvs alone are 16.6 GB). A release therefore
+# takes the disk in two steps, each waiting until there is room for it:
+# download its wheels (network-bound, retried), then install them from that
+# folder (no network) and delete them. `run --remove` deletes each venv once its
+# tests are done, which is what makes room for the next; the next release's
+# download overlaps the tests of the one before wherever the disk allows.
+WHEELS_GB = 4.0
+VENV_GB = 7.0
+SPARE_GB = 1.0  # the tests' own files, the pin's caches
 ATTEMPTS = 3
 
 
@@ -128,49 +142,115 @@ def pip_install(python: Path | str, requirements: list[str], *options: str) -> l
             *options, *requirements]
 
 
-def _setup_one(version: str) -> str:
-    """One release's venv: up to ATTEMPTS tries (a multi-GB download can break off), each logged."""
-    env = ENVS / version
-    stamp = env / ".installed"
-    if stamp.exists():
-        return f"torch {version}: ready"
-    log = ENVS / f"{version}.log"
-    cache = ENVS / "pip-cache"
-    t0 = time.monotonic()
-    for attempt in range(1, ATTEMPTS + 1):
-        if _free_gb() < NEEDS_GB:
-            raise SetupError(f"torch {version}: only {_free_gb():.1f} GB free on {ENVS}, a release needs about "
-                             f"{NEEDS_GB} GB (venv and downloads); free some space or run fewer releases (--torch)")
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
-        with open(log, "a") as out:
-            out.write(f"== attempt {attempt} ({_free_gb():.1f} GB free)\n")
-            out.flush()
-            cmd = pip_install(_python(version), [f"torch=={version}", *RELEASES[version], *TEST_TOOLS],
-                              "--cache-dir", str(cache), "--timeout", "120", "--retries", "10")
-            rc = subprocess.run(cmd, env=pip_env(), stdout=out, stderr=subprocess.STDOUT).returncode
-        if rc == 0:
-            shutil.rmtree(cache, ignore_errors=True)
-            stamp.touch()
-            note = f" (attempt {attempt})" if attempt > 1 else ""
-            return f"torch {version}: installed in {time.monotonic() - t0:.0f} s{note}"
-        time.sleep(10 * attempt)
-    shutil.rmtree(cache, ignore_errors=True)
-    raise SetupError(f"torch {version}: install FAILED {ATTEMPTS} times ({_free_gb():.1f} GB free); "
-                     f"the end of {log}:\n{_tail(log)}")
+def _requirements(version: str) -> list[str]:
+    return [f"torch=={version}", *RELEASES[version], *TEST_TOOLS]
 
 
 class SetupError(RuntimeError):
     pass
 
 
+class Disk:
+    """The matrix's one rule for the disk: a step starts when ``need`` GB (plus ``SPARE_GB``) are free.
+    If they are not, it waits for a tested release's venv to be removed (``removes``: the venvs are
+    removed after their tests), and fails at once when no venv is left whose removal could make room."""
+
+    def __init__(self, removes: bool = False, poll_s: float = 5.0):
+        self._held: set[str] = set()   # releases installed and not yet removed
+        self._cond = threading.Condition()
+        self._removes = removes
+        self._poll_s = poll_s
+
+    def hold(self, version: str) -> None:
+        with self._cond:
+            self._held.add(version)
+
+    def release(self, version: str) -> None:
+        with self._cond:
+            self._held.discard(version)
+            self._cond.notify_all()
+
+    def wait_for_room(self, need: float, what: str, owner: str) -> None:
+        with self._cond:
+            while _free_gb() < need + SPARE_GB:
+                if not self._removes or not (self._held - {owner}):
+                    raise SetupError(f"{what}: only {_free_gb():.1f} GB free on {ENVS}, it needs about "
+                                     f"{need + SPARE_GB:.0f} GB; free some space or test fewer releases (--torch)")
+                self._cond.wait(self._poll_s)
+
+
+def _download(version: str, disk: Disk) -> tuple[Path, str]:
+    """The release's wheels (and its test tools') in a folder of their own, fetched by its venv's pip:
+    up to ATTEMPTS tries, each logged, since a multi-GB download can break off."""
+    wheels = ENVS / f"wheels-{version}"
+    log = ENVS / f"{version}.log"
+    t0 = time.monotonic()
+    for attempt in range(1, ATTEMPTS + 1):
+        disk.wait_for_room(WHEELS_GB, f"torch {version}'s download", version)
+        shutil.rmtree(wheels, ignore_errors=True)
+        with open(log, "a") as out:
+            out.write(f"== download, attempt {attempt} ({_free_gb():.1f} GB free)\n")
+            out.flush()
+            cmd = [str(_python(version)), "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                   "--no-input", "--no-cache-dir", "--timeout", "120", "--retries", "10", "--dest", str(wheels),
+                   *_requirements(version)]
+            rc = subprocess.run(cmd, env=pip_env(), stdout=out, stderr=subprocess.STDOUT).returncode
+        if rc == 0:
+            size = sum(f.stat().st_size for f in wheels.iterdir()) / 2**30
+            note = f", attempt {attempt}" if attempt > 1 else ""
+            return wheels, f"downloaded in {time.monotonic() - t0:.0f} s ({size:.1f} GB{note})"
+        time.sleep(10 * attempt)
+    shutil.rmtree(wheels, ignore_errors=True)
+    raise SetupError(f"torch {version}: download FAILED {ATTEMPTS} times ({_free_gb():.1f} GB free); "
+                     f"the end of {log}:\n{_tail(log)}")
+
+
+def _install(version: str, disk: Disk) -> str:
+    """One release's venv, ready to test: an empty venv, the release's wheels downloaded by its pip, then
+    installed from that folder alone, which is deleted."""
+    env = ENVS / version
+    if (env / ".installed").exists():
+        disk.hold(version)
+        return f"torch {version}: ready"
+    log = ENVS / f"{version}.log"
+    log.unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+    wheels = None
+    try:
+        wheels, downloaded = _download(version, disk)
+        disk.wait_for_room(VENV_GB, f"torch {version}'s venv", version)
+        disk.hold(version)
+        t0 = time.monotonic()
+        with open(log, "a") as out:
+            out.write(f"== install ({_free_gb():.1f} GB free)\n")
+            out.flush()
+            cmd = pip_install(_python(version), _requirements(version), "--no-index", "--find-links", str(wheels))
+            rc = subprocess.run(cmd, env=pip_env(), stdout=out, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise SetupError(f"torch {version}: install FAILED; the end of {log}:\n{_tail(log)}")
+    except BaseException:
+        remove(version, disk)
+        raise
+    finally:
+        if wheels is not None:
+            shutil.rmtree(wheels, ignore_errors=True)
+    (env / ".installed").touch()
+    return f"torch {version}: {downloaded}, installed in {time.monotonic() - t0:.0f} s"
+
+
+def remove(version: str, disk: Disk) -> None:
+    shutil.rmtree(ENVS / version, ignore_errors=True)
+    disk.release(version)
+
+
 def setup(versions: list[str]) -> int:
-    """Install the releases one after another, so that the disk holds one release's downloads at a time; a
-    failure is reported with the end of its pip log."""
+    """Install the releases one after another and keep them; a failure is reported with the end of its
+    pip log."""
     ENVS.mkdir(exist_ok=True)
-    failed = 0
+    disk, failed = Disk(), 0
     for version in versions:
         try:
-            print(_setup_one(version), flush=True)
+            print(_install(version, disk), flush=True)
         except (SetupError, subprocess.CalledProcessError) as e:
             failed += 1
             print(e, flush=True)
@@ -205,35 +285,74 @@ def _wait_for(path: Path, limit_s: float = 90 * 60) -> None:
         time.sleep(2)
 
 
-def run(versions: list[str], workers: str, everything: bool = False) -> int:
+def _test(version: str, workers: str, everything: bool, out_dir: Path) -> tuple[list[str], int]:
+    """One release's library tests: its row of the table and pytest's exit status."""
+    py = _python(version)
+    xml = out_dir / f"torch-matrix-{version}.xml"
+    xml.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("PYTHONHOME", None)
+    tests = ["tests", *(f"--ignore={p}" for p in IGNORE)] if everything else CORE
+    cmd = [str(py), "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-n", workers,
+           f"--junitxml={xml}", "--tb=short"]
+    print(f"\n== torch {version}: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    seconds = time.monotonic() - t0
+    cases = list(ET.parse(xml).getroot().iter("testcase")) if xml.exists() else []
+    version_seen = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
+                                  capture_output=True, text=True).stdout.strip()
+    row = [version_seen or version, _cell(_counts(cases))]
+    for pattern in GROUPS.values():
+        row.append(_cell(_counts([c for c in cases if pattern.search(c.get("classname", "") + "." + c.get("name", ""))])))
+    row.append(f"{seconds:.0f} s")
+    return row, rc
+
+
+def run(versions: list[str], workers: str, everything: bool = False, after: Path | None = None,
+        keep: bool = True) -> int:
+    """Test every release, installing the ones not installed yet as the disk allows (see ``Disk``).
+
+    The installs run in a thread of their own from the start; the tests run in order, each once its
+    release is ready and (with ``after``) once that file exists. ``keep=False`` removes each venv
+    after its tests, which on a small disk is what lets the next release in."""
     out_dir = ROOT / "_build"
     out_dir.mkdir(exist_ok=True)
+    ENVS.mkdir(exist_ok=True)
+    disk = Disk(removes=not keep)
+    ready: queue.Queue[tuple[str, str | None]] = queue.Queue()
+    stop = threading.Event()
+
+    def installer() -> None:
+        for version in versions:
+            if stop.is_set():
+                return
+            try:
+                print(_install(version, disk), flush=True)
+                ready.put((version, None))
+            except (SetupError, subprocess.CalledProcessError) as e:
+                ready.put((version, str(e)))
+
+    thread = threading.Thread(target=installer, name="torch-matrix-installer", daemon=True)
+    thread.start()
     rows, status = [], 0
-    for version in versions:
-        py = _python(version)
-        if not (ENVS / version / ".installed").exists():
-            print(f"torch {version}: no venv (run `python .ci/torch_matrix.py setup` first)", flush=True)
-            return 2
-        xml = out_dir / f"torch-matrix-{version}.xml"
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("PYTHONHOME", None)
-        tests = ["tests", *(f"--ignore={p}" for p in IGNORE)] if everything else CORE
-        cmd = [str(py), "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-n", workers,
-               f"--junitxml={xml}", "--tb=short"]
-        print(f"\n== torch {version}: {' '.join(cmd[1:])}", flush=True)
-        t0 = time.monotonic()
-        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
-        seconds = time.monotonic() - t0
-        cases = list(ET.parse(xml).getroot().iter("testcase")) if xml.exists() else []
-        version_seen = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
-                                      capture_output=True, text=True).stdout.strip()
-        row = [version_seen or version, _cell(_counts(cases))]
-        for pattern in GROUPS.values():
-            row.append(_cell(_counts([c for c in cases if pattern.search(c.get("classname", "") + "." + c.get("name", ""))])))
-        row.append(f"{seconds:.0f} s")
-        rows.append(row)
-        if rc != 0:
-            status = 1
+    try:
+        if after is not None:
+            _wait_for(after)
+        for _ in versions:
+            version, error = ready.get()
+            if error is not None:
+                print(error, flush=True)
+                rows.append([version, "**not installed** (see above)", "—", "—", "—"])
+                status = 1
+                continue
+            row, rc = _test(version, workers, everything, out_dir)
+            rows.append(row)
+            status = status or (1 if rc else 0)
+            if not keep:
+                remove(version, disk)
+    finally:
+        stop.set()
     table = ["| torch | library tests | compile | export | time |", "|---|---|---|---|---|"]
     table += ["| " + " | ".join(r) + " |" for r in rows]
     text = "\n".join(table) + "\n"
@@ -248,16 +367,19 @@ def main() -> int:
     parser.add_argument("--torch", nargs="*", default=list(RELEASES), help="releases (default: all)")
     parser.add_argument("-n", default="2", help="pytest-xdist workers for `run`")
     parser.add_argument("--all", action="store_true", help="`run`: every library test, not only CORE")
-    parser.add_argument("--after", type=Path, help="`run`: start once this file exists (waits at most 90 min)")
+    parser.add_argument("--after", type=Path, help="`run`: test once this file exists (waits at most 90 min); "
+                        "the installs start at once")
+    parser.add_argument("--remove", action="store_true",
+                        help="`run`: remove each release's venv once its tests are done (a small disk)")
     args = parser.parse_args()
     unknown = [v for v in args.torch if v not in RELEASES]
     if unknown:
         parser.error(f"--torch: not in the matrix: {unknown} (known: {list(RELEASES)})")
     if args.command == "setup":
+        if args.after or args.remove:
+            parser.error("--after and --remove are for `run`")
         return setup(args.torch)
-    if args.after:
-        _wait_for(args.after)
-    return run(args.torch, args.n, args.all)
+    return run(args.torch, args.n, args.all, after=args.after, keep=not args.remove)
 
 
 if __name__ == "__main__":

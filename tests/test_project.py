@@ -2,7 +2,11 @@
 
 import importlib.util
 import re
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,3 +77,88 @@ def test_the_matrix_installs_the_newest_torch_where_pip_caps_it(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     chosen = [item["metadata"]["version"] for item in json.loads(report.read_text())["install"]]
     assert chosen == [newest]
+
+
+def _fake_index(folder: Path, releases) -> Path:
+    """Fake wheels of every release the matrix installs and of its test tools, as a local index."""
+    folder.mkdir()
+    for version in releases:
+        _fake_wheel(folder, "torch", version)
+    for name, version in (("numpy", "2.3.0"), ("pytest", "8.0.0"), ("pytest_xdist", "3.5.0"),
+                          ("hypothesis", "6.100.0")):
+        _fake_wheel(folder, name, version)
+    return folder
+
+
+def _matrix_on_a_simulated_disk(tmp_path, monkeypatch, capacity_gb: float):
+    """The matrix with its venvs under ``tmp_path`` and pip reading only a local index of fake wheels;
+    the disk it sees has ``capacity_gb`` free before anything is installed, and each wheels folder or
+    installed venv takes what the matrix's rule budgets for it. Its tests are replaced by a record of
+    which venvs were on the disk when each release was tested."""
+    matrix = _matrix()
+    envs = tmp_path / "venvs"
+    monkeypatch.setattr(matrix, "ENVS", envs)
+    monkeypatch.setattr(matrix, "ROOT", tmp_path)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(_fake_index(tmp_path / "index", matrix.RELEASES)))
+
+    def free_gb():
+        used = sum(matrix.WHEELS_GB for _ in envs.glob("wheels-*"))
+        used += sum(matrix.VENV_GB for _ in envs.glob("*/.installed"))
+        return capacity_gb - used
+
+    monkeypatch.setattr(matrix, "_free_gb", free_gb)
+    tested = []
+
+    def fake_test(version, workers, everything, out_dir):
+        on_disk = sorted(p.parent.name for p in envs.glob("*/.installed"))
+        tested.append((version, on_disk))
+        return [version, "pass", "—", "—", "0 s"], 0
+
+    monkeypatch.setattr(matrix, "_test", fake_test)
+    return matrix, envs, tested
+
+
+@pytest.mark.slow
+def test_the_matrix_fits_a_disk_that_holds_one_release(tmp_path, monkeypatch):
+    """CI's disk holds the pin and one release, not all of them: `run --remove` installs the next
+    release only once the one before is tested and removed, downloading it meanwhile, and tests
+    every release."""
+    # room for one venv and one release's wheels beside it, not for two venvs
+    capacity = _matrix().SPARE_GB + _matrix().VENV_GB + _matrix().WHEELS_GB + 0.5
+    matrix, envs, tested = _matrix_on_a_simulated_disk(tmp_path, monkeypatch, capacity)
+    releases = list(matrix.RELEASES)
+    assert matrix.run(releases, "2", keep=False) == 0
+    assert [v for v, _ in tested] == releases
+    assert all(on_disk == [v] for v, on_disk in tested), tested
+    assert not list(envs.glob("*/.installed")) and not list(envs.glob("wheels-*"))
+    table = (tmp_path / "_build" / "torch-matrix.md").read_text()
+    assert all(f"| {v} | pass" in table for v in releases)
+
+
+@pytest.mark.slow
+def test_the_matrix_installs_ahead_where_the_disk_allows_and_refuses_where_it_cannot(tmp_path, monkeypatch):
+    """On a large disk every release installs while the first is waiting for `--after`; on a disk
+    that cannot hold one release, it says so at once (no wait that nothing can end) and fails."""
+    matrix, envs, tested = _matrix_on_a_simulated_disk(tmp_path, monkeypatch, 100.0)
+    releases = list(matrix.RELEASES)
+    after = tmp_path / "after"
+    done = {}
+    thread = threading.Thread(target=lambda: done.setdefault("rc", matrix.run(releases, "2", after=after)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while len(list(envs.glob("*/.installed"))) < len(releases) and time.monotonic() < deadline:
+        thread.join(0.2)
+    assert not tested, "a release was tested before --after's file existed"
+    after.touch()
+    thread.join(60)
+    assert done.get("rc") == 0 and all(on_disk == sorted(releases) for _, on_disk in tested), tested
+
+    small = tmp_path / "small"
+    small.mkdir()
+    matrix, envs, tested = _matrix_on_a_simulated_disk(small, monkeypatch, matrix.VENV_GB)
+    t0 = time.monotonic()
+    assert matrix.run(releases[:1], "2", keep=False) == 1
+    assert time.monotonic() - t0 < 60 and not tested
+    assert not tested
+    assert "not installed" in (small / "_build" / "torch-matrix.md").read_text()
