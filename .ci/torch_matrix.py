@@ -88,18 +88,19 @@ def _python(version: str) -> Path:
     return ENVS / version / "bin" / "python"
 
 
-# Disk, as measured (2026-11-27): a release's wheels are 2.9 GB (2.15.0) to about
-# 3.5 GB, its venv 4.7 GB (2.11.0) to 6.5 GB (2.8.0); the pin's .venv is 2.6 GB.
-# A CI machine has about 17 GB free after the clone, so it holds the pin and one
-# release, never all three (their venvs alone are 16.6 GB). A release therefore
-# takes the disk in two steps, each waiting until there is room for it:
-# download its wheels (network-bound, retried), then install them from that
-# folder (no network) and delete them. `run --remove` deletes each venv once its
-# tests are done, which is what makes room for the next; the next release's
-# download overlaps the tests of the one before wherever the disk allows.
-WHEELS_GB = 4.0
-VENV_GB = 7.0
-SPARE_GB = 1.0  # the tests' own files, the pin's caches
+# Disk, as measured (2026-11-27): a release's wheels are 2.9 GB (2.15.0) to
+# 3.7 GB (2.8.0), its venv 4.7 GB (2.11.0) to 6.5 GB (2.8.0), about 1.8 times its
+# wheels; the pin's .venv is 2.6 GB. A CI machine has about 17 GB free after the
+# clone, so it holds the pin and one release, never all three (their venvs alone
+# are 16.6 GB). A release therefore takes the disk in two steps, each waiting
+# until there is room for it: download its wheels (network-bound, retried),
+# then install them from that folder (no network) and delete it. `run --remove`
+# deletes each venv once its tests are done, which is what makes room for the
+# next; the next release's download overlaps the tests of the one before
+# wherever the disk allows.
+WHEELS_GB = 4.0      # room a download may take
+VENV_PER_WHEEL = 2.0  # room an install takes, per GB of its wheels
+SPARE_GB = 1.0       # the tests' own files, the pin's caches
 ATTEMPTS = 3
 
 
@@ -170,12 +171,16 @@ class Disk:
             self._held.discard(version)
             self._cond.notify_all()
 
-    def wait_for_room(self, need: float, what: str, owner: str) -> None:
+    def wait_for_room(self, need: float, what: str, owner: str, limit_s: float = 45 * 60) -> None:
+        t0 = time.monotonic()
         with self._cond:
             while _free_gb() < need + SPARE_GB:
-                if not self._removes or not (self._held - {owner}):
+                waited = time.monotonic() - t0
+                if not self._removes or not (self._held - {owner}) or waited > limit_s:
+                    why = f" after waiting {waited:.0f} s for a venv's removal" if waited > limit_s else ""
                     raise SetupError(f"{what}: only {_free_gb():.1f} GB free on {ENVS}, it needs about "
-                                     f"{need + SPARE_GB:.0f} GB; free some space or test fewer releases (--torch)")
+                                     f"{need + SPARE_GB:.1f} GB{why}; free some space or test fewer releases "
+                                     f"(--torch)")
                 self._cond.wait(self._poll_s)
 
 
@@ -196,13 +201,16 @@ def _download(version: str, disk: Disk) -> tuple[Path, str]:
                    *_requirements(version)]
             rc = subprocess.run(cmd, env=pip_env(), stdout=out, stderr=subprocess.STDOUT).returncode
         if rc == 0:
-            size = sum(f.stat().st_size for f in wheels.iterdir()) / 2**30
             note = f", attempt {attempt}" if attempt > 1 else ""
-            return wheels, f"downloaded in {time.monotonic() - t0:.0f} s ({size:.1f} GB{note})"
+            return wheels, f"downloaded in {time.monotonic() - t0:.0f} s ({wheels_gb(wheels):.1f} GB{note})"
         time.sleep(10 * attempt)
     shutil.rmtree(wheels, ignore_errors=True)
     raise SetupError(f"torch {version}: download FAILED {ATTEMPTS} times ({_free_gb():.1f} GB free); "
                      f"the end of {log}:\n{_tail(log)}")
+
+
+def wheels_gb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.iterdir()) / 2**30
 
 
 def _install(version: str, disk: Disk) -> str:
@@ -218,7 +226,7 @@ def _install(version: str, disk: Disk) -> str:
     wheels = None
     try:
         wheels, downloaded = _download(version, disk)
-        disk.wait_for_room(VENV_GB, f"torch {version}'s venv", version)
+        disk.wait_for_room(VENV_PER_WHEEL * wheels_gb(wheels), f"torch {version}'s venv", version)
         disk.hold(version)
         t0 = time.monotonic()
         with open(log, "a") as out:

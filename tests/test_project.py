@@ -92,8 +92,9 @@ def _fake_index(folder: Path, releases) -> Path:
 
 def _matrix_on_a_simulated_disk(tmp_path, monkeypatch, capacity_gb: float):
     """The matrix with its venvs under ``tmp_path`` and pip reading only a local index of fake wheels;
-    the disk it sees has ``capacity_gb`` free before anything is installed, and each wheels folder or
-    installed venv takes what the matrix's rule budgets for it. Its tests are replaced by a record of
+    the disk it sees has ``capacity_gb`` free before anything is installed; each wheels folder counts as
+    the largest download the rule allows and each installed venv as 1.8 times that (as measured); the
+    matrix's rule reads the folder's size as 1 GB of wheels. Its tests are replaced by a record of
     which venvs were on the disk when each release was tested."""
     matrix = _matrix()
     envs = tmp_path / "venvs"
@@ -104,10 +105,11 @@ def _matrix_on_a_simulated_disk(tmp_path, monkeypatch, capacity_gb: float):
 
     def free_gb():
         used = sum(matrix.WHEELS_GB for _ in envs.glob("wheels-*"))
-        used += sum(matrix.VENV_GB for _ in envs.glob("*/.installed"))
+        used += sum(1.8 * matrix.WHEELS_GB for _ in envs.glob("*/.installed"))
         return capacity_gb - used
 
     monkeypatch.setattr(matrix, "_free_gb", free_gb)
+    monkeypatch.setattr(matrix, "wheels_gb", lambda folder: matrix.WHEELS_GB)
     tested = []
 
     def fake_test(version, workers, everything, out_dir):
@@ -125,7 +127,8 @@ def test_the_matrix_fits_a_disk_that_holds_one_release(tmp_path, monkeypatch):
     release only once the one before is tested and removed, downloading it meanwhile, and tests
     every release."""
     # room for one venv and one release's wheels beside it, not for two venvs
-    capacity = _matrix().SPARE_GB + _matrix().VENV_GB + _matrix().WHEELS_GB + 0.5
+    m = _matrix()
+    capacity = m.SPARE_GB + (1 + m.VENV_PER_WHEEL) * m.WHEELS_GB + 0.5
     matrix, envs, tested = _matrix_on_a_simulated_disk(tmp_path, monkeypatch, capacity)
     releases = list(matrix.RELEASES)
     assert matrix.run(releases, "2", keep=False) == 0
@@ -156,7 +159,7 @@ def test_the_matrix_installs_ahead_where_the_disk_allows_and_refuses_where_it_ca
 
     small = tmp_path / "small"
     small.mkdir()
-    matrix, envs, tested = _matrix_on_a_simulated_disk(small, monkeypatch, matrix.VENV_GB)
+    matrix, envs, tested = _matrix_on_a_simulated_disk(small, monkeypatch, matrix.WHEELS_GB * 2)
     t0 = time.monotonic()
     assert matrix.run(releases[:1], "2", keep=False) == 1
     assert time.monotonic() - t0 < 60 and not tested
