@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["autocast_enabled", "autocast_float32", "runs_in_float32"]
+__all__ = ["any_autocast", "autocast_enabled", "autocast_float32", "runs_in_float32"]
 
 # torch's op names for normlib's ops (what torch.nn.functional calls).
 _ATEN = {
@@ -45,6 +45,14 @@ def _has_autocast_kernel(op: str, device_type: str) -> bool:
 
 # Asked once, at import (a dictionary lookup later, also while torch.compile traces).
 _FLOAT32_OPS = {(op, dev) for op in _ATEN for dev in ("cpu", "cuda", "xpu", "mps") if _has_autocast_kernel(op, dev)}
+
+
+def _any_autocast_fallback() -> bool:  # torch releases without torch._C._is_any_autocast_enabled
+    return any(autocast_enabled(d) for d in ("cpu", "cuda", "xpu", "mps"))
+
+
+any_autocast = getattr(torch._C, "_is_any_autocast_enabled", _any_autocast_fallback)
+"""Whether ``torch.autocast`` is on for any device: one call into torch, what a norm asks first."""
 
 
 def autocast_enabled(device_type: str) -> bool:

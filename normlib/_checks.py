@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal, Sequence, Union, overload
+from typing import Literal, Optional, Sequence, Union, overload
 
 import torch
+
+from .numerics import acc_dtype, numel
 
 _shape_t = Union[int, Sequence[int], torch.Size]
 
@@ -181,3 +183,162 @@ def check_channels(x: torch.Tensor, what: str, min_dim: int = 2) -> int:
             f"dimensions (got {x.dim()}D input of shape {list(x.shape)})"
         )
     return x.shape[1]
+
+
+# ---- the arguments of each norm -------------------------------------------------------------------
+#
+# Each check_*_args below first tries the call that normlib's modules make on every forward (a dense
+# tensor of a common float dtype, the module's own normalized_shape tuple, its own parameters, a float
+# eps): a few attribute reads accept it. Whatever that test does not accept at once goes through the
+# checks one by one, which accept it or say what is wrong; the quick test only ever accepts calls that
+# they accept too (tests/test_checks.py holds it to that).
+
+_QUICK = True  # False: every call takes the full checks (tests/test_checks.py compares the two)
+_COMMON = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_MACHINE_EPS = {dt: torch.finfo(torch.float64 if dt == torch.float64 else torch.float32).eps for dt in _COMMON}
+_STRIDED = torch.strided
+_INF = math.inf
+
+
+def _common_row_call(input, normalized_shape, eps) -> bool:
+    """A dense tensor of a common float dtype, normalized over its last dimension, as a module calls it."""
+    return (_QUICK and type(normalized_shape) is tuple and len(normalized_shape) == 1 and type(normalized_shape[0]) is int
+            and type(eps) is float and 0.0 <= eps < _INF and isinstance(input, torch.Tensor)
+            and input.dtype in _COMMON and input.layout == _STRIDED and not input.is_nested and input.dim() > 0
+            and input.shape[-1] == normalized_shape[0])
+
+
+def _common_channel_call(input, eps) -> bool:
+    """A dense ``(N, C, *)`` tensor of a common float dtype, as a channel norm's module calls it."""
+    return (_QUICK and type(eps) is float and 0.0 <= eps < _INF and isinstance(input, torch.Tensor)
+            and input.dtype in _COMMON and input.layout == _STRIDED and not input.is_nested and input.dim() >= 2)
+
+
+def _fits(p, shape: tuple, input: torch.Tensor) -> bool:
+    """``p`` is ``None``, or a dense tensor of ``shape`` on ``input``'s device whose dtype torch.nn's rule accepts."""
+    return p is None or (isinstance(p, torch.Tensor) and (p.dtype == input.dtype or (
+        p.dtype == torch.float32 and input.dtype in _HALF)) and p.layout == _STRIDED and not p.is_nested
+        and p.shape == shape and p.device == input.device)
+
+
+def _fits_any_dtype(p, shape: tuple, input: torch.Tensor) -> bool:
+    """As :func:`_fits`, with any common float dtype (RMSNorm's rule)."""
+    return p is None or (isinstance(p, torch.Tensor) and p.dtype in _COMMON and p.layout == _STRIDED
+                         and not p.is_nested and p.shape == shape and p.device == input.device)
+
+
+def check_layer_norm_args(input, normalized_shape, weight, bias, eps) -> tuple[tuple[int, ...], float]:
+    """Validate :func:`~normlib.functional.layer_norm`'s arguments; returns ``(normalized_shape, eps)``."""
+    # _common_row_call and _fits, written out: this runs on every LayerNorm call (see above)
+    if (_QUICK and type(normalized_shape) is tuple and len(normalized_shape) == 1
+            and type(normalized_shape[0]) is int and type(eps) is float and 0.0 <= eps < _INF
+            and isinstance(input, torch.Tensor) and input.dtype in _COMMON and input.layout == _STRIDED
+            and not input.is_nested and input.dim() > 0 and input.shape[-1] == normalized_shape[0]):
+        dtype, device = input.dtype, input.device
+        if ((weight is None or (isinstance(weight, torch.Tensor) and (weight.dtype == dtype or (
+                weight.dtype == torch.float32 and dtype in _HALF)) and weight.layout == _STRIDED
+                and not weight.is_nested and weight.shape == normalized_shape and weight.device == device))
+                and (bias is None or (isinstance(bias, torch.Tensor) and (bias.dtype == dtype or (
+                    bias.dtype == torch.float32 and dtype in _HALF)) and bias.layout == _STRIDED
+                    and not bias.is_nested and bias.shape == normalized_shape and bias.device == device))):
+            return normalized_shape, eps
+    check_float_tensor(input)
+    shape = normalize_shape(normalized_shape)
+    check_trailing_shape(input, shape)
+    check_param(weight, "weight", shape, input)
+    check_param(bias, "bias", shape, input)
+    check_dtypes(input, weight=weight, bias=bias)
+    return shape, check_eps(eps)
+
+
+def check_rms_norm_args(input, normalized_shape, weight, eps) -> tuple[tuple[int, ...], float]:
+    """Validate :func:`~normlib.functional.rms_norm`'s arguments; returns ``(normalized_shape, eps)``, resolving
+    ``eps=None`` to the machine epsilon of the compute dtype."""
+    if eps is None and isinstance(input, torch.Tensor) and input.dtype in _COMMON:
+        eps = _MACHINE_EPS[input.dtype]
+    if _common_row_call(input, normalized_shape, eps) and _fits_any_dtype(weight, normalized_shape, input):
+        return normalized_shape, eps
+    check_float_tensor(input)
+    shape = normalize_shape(normalized_shape)
+    check_trailing_shape(input, shape)
+    check_param(weight, "weight", shape, input)
+    eps = torch.finfo(acc_dtype(input.dtype)).eps if eps is None else check_eps(eps)
+    return shape, eps
+
+
+def check_batch_norm_args(input, running_mean, running_var, weight, bias, training, momentum, eps) -> tuple[float, float]:
+    """Validate :func:`~normlib.functional.batch_norm`'s arguments; returns ``(momentum, eps)``."""
+    # _common_channel_call and _fits, written out: this runs on every BatchNorm call
+    if (_QUICK and type(momentum) is float and 0.0 <= momentum <= 1.0 and type(eps) is float and 0.0 <= eps < _INF
+            and isinstance(input, torch.Tensor) and input.dtype in _COMMON and input.layout == _STRIDED
+            and not input.is_nested and input.dim() >= 2 and (running_mean is None) == (running_var is None)
+            and (running_mean is not None or training) and (not training or input.numel() > input.shape[1])):
+        dtype, device, shape = input.dtype, input.device, input.shape[1:2]
+        for p in (weight, bias, running_mean, running_var):
+            if p is not None and not (isinstance(p, torch.Tensor) and (p.dtype == dtype or (
+                    p.dtype == torch.float32 and dtype in _HALF)) and p.layout == _STRIDED and not p.is_nested
+                    and p.shape == shape and p.device == device):
+                break
+        else:
+            return momentum, eps
+    C = _check_channel_norm_args("batch_norm", input, running_mean, running_var, weight, bias)
+    momentum = check_momentum(momentum, allow_none=False)
+    eps = check_eps(eps)
+    if not training and running_mean is None:
+        raise ValueError("batch_norm in evaluation (training=False) needs running_mean and running_var")
+    if training and C and input.numel() // C == 1:
+        raise ValueError(
+            f"batch_norm in training needs more than 1 value per channel to "
+            f"estimate a variance (got input of shape {list(input.shape)})"
+        )
+    return momentum, eps
+
+
+def _check_channel_norm_args(what, input, running_mean, running_var, weight, bias) -> int:
+    """Shared checks of the (N, C, *) norms; returns ``C``."""
+    check_float_tensor(input)
+    C = check_channels(input, what, min_dim=3 if what == "instance_norm" else 2)
+    _check_running(running_mean, "running_mean", C, input)
+    _check_running(running_var, "running_var", C, input)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together (got one of them)")
+    check_param(weight, "weight", (C,), input)
+    check_param(bias, "bias", (C,), input)
+    check_dtypes(input, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var)
+    return C
+
+
+def check_group_norm_args(input, num_groups, weight, bias, eps) -> tuple[int, float]:
+    """Validate :func:`~normlib.functional.group_norm`'s arguments; returns ``(num_groups, eps)``."""
+    if type(num_groups) is int and num_groups > 0 and _common_channel_call(input, eps):
+        C = input.shape[1]
+        if C % num_groups == 0 and _fits(weight, (C,), input) and _fits(bias, (C,), input):
+            return num_groups, eps
+    C = _check_channel_norm_args("group_norm", input, None, None, weight, bias)
+    G = check_positive_int(num_groups, "num_groups")
+    if C % G != 0:
+        raise ValueError(
+            f"num_groups must divide the number of channels: got num_groups={G} "
+            f"for input with {C} channels"
+        )
+    return G, check_eps(eps)
+
+
+def check_instance_norm_args(input, running_mean, running_var, weight, bias, use_input_stats, momentum,
+                             eps) -> tuple[float, float]:
+    """Validate :func:`~normlib.functional.instance_norm`'s arguments; returns ``(momentum, eps)``."""
+    _check_channel_norm_args("instance_norm", input, running_mean, running_var, weight, bias)
+    momentum = check_momentum(momentum, allow_none=False)
+    eps = check_eps(eps)
+    if not use_input_stats and running_mean is None:
+        raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
+    if use_input_stats and numel(input, range(2, input.dim())) == 1:
+        raise ValueError(
+            f"instance_norm needs more than 1 spatial element per channel "
+            f"(got input of shape {list(input.shape)})"
+        )
+    return momentum, eps
+
+
+def _check_running(stat: Optional[torch.Tensor], name: str, num_channels: int, input: torch.Tensor) -> None:
+    check_param(stat, name, (num_channels,), input)

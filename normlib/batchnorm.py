@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
+import torch  # noqa: F401 (the docstrings' examples, run as doctests, use it)
 from torch import Tensor, nn
 from torch.nn.modules import batchnorm as _tbn
 from torch.nn.modules import instancenorm as _tin
@@ -113,10 +113,12 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         """
         if not (self.training and self.track_running_stats):
             return 0.0 if self.momentum is None else self.momentum
-        batches = _buffer(self.num_batches_tracked, "num_batches_tracked")
-        with torch.no_grad():
-            batches.add_(1)
-        return momentum_for_step(self.momentum, batches)
+        batches = self.num_batches_tracked
+        if batches is None:
+            _buffer(batches, "num_batches_tracked")  # raises, naming it
+        batches.add_(1)  # a buffer: no graph is recorded (as torch.nn's BatchNorm counts)
+        momentum = self.momentum
+        return momentum if momentum is not None else momentum_for_step(None, batches)
 
 
 
@@ -138,7 +140,8 @@ class _BatchNorm(_NormBase, _tbn._BatchNorm):
             )
 
     def forward(self, input: Tensor) -> Tensor:
-        self._check_input_dim(input)
+        if not (isinstance(input, Tensor) and input.dim() in self._ndims and input.shape[1] == self.num_features):
+            self._check_input_dim(input)  # raises, naming what is wrong (the dtype is checked with the rest)
         return self._batch_norm(input)
 
 

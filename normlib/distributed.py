@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from . import functional as F
-from ._checks import check_float_tensor
+from ._checks import _check_channel_norm_args, check_float_tensor
 from .batchnorm import _buffer, _NormBase
 from .numerics import acc_dtype, centre, channel_view, momentum_for_step, numel, sum_of_squares, update_running
 
@@ -596,7 +596,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
     def _check_input(self, input: Tensor) -> None:
         """Everything :func:`normlib.functional.batch_norm` would refuse, checked before any collective."""
         self._check_input_dim(input)
-        F._check_channel_norm_args("batch_norm", input, self.running_mean, self.running_var, self.weight, self.bias)
+        _check_channel_norm_args("batch_norm", input, self.running_mean, self.running_var, self.weight, self.bias)
 
     def _sync_group(self):
         """The process group to synchronise over, or ``None`` when there is nothing to synchronise."""

@@ -59,11 +59,13 @@ from .numerics import (
 )
 from ._checks import (
     _shape_t,
+    check_batch_norm_args,
+    check_group_norm_args,
+    check_instance_norm_args,
+    check_layer_norm_args,
+    check_rms_norm_args,
     check_channels,
-    check_dtypes,
-    check_eps,
     check_float_tensor,
-    check_momentum,
     check_param,
     check_positive_int,
     check_same_device,
@@ -311,17 +313,6 @@ def _affine_tangent(xhat: Tensor, dxhat: Optional[Tensor], weight: Optional[Tens
 # ---------------------------------------------------------------------------
 
 
-def check_layer_norm_args(input, normalized_shape, weight, bias, eps) -> tuple[tuple[int, ...], float]:
-    """Validate :func:`layer_norm`'s arguments; returns ``(normalized_shape, eps)``."""
-    check_float_tensor(input)
-    shape = normalize_shape(normalized_shape)
-    check_trailing_shape(input, shape)
-    check_param(weight, "weight", shape, input)
-    check_param(bias, "bias", shape, input)
-    check_dtypes(input, weight=weight, bias=bias)
-    return shape, check_eps(eps)
-
-
 @_checked(_check_row_norm_backward)
 def layer_norm_backward(
     dy: Tensor,
@@ -501,16 +492,6 @@ def _layer_norm(input: Tensor, shape: tuple[int, ...], weight: Optional[Tensor],
 # ---------------------------------------------------------------------------
 
 
-def check_rms_norm_args(input, normalized_shape, weight, eps) -> tuple[tuple[int, ...], float]:
-    """Validate :func:`rms_norm`'s arguments; returns ``(normalized_shape, eps)``, resolving ``eps=None``."""
-    check_float_tensor(input)
-    shape = normalize_shape(normalized_shape)
-    check_trailing_shape(input, shape)
-    check_param(weight, "weight", shape, input)
-    eps = torch.finfo(_acc_dtype(input.dtype)).eps if eps is None else check_eps(eps)
-    return shape, eps
-
-
 def _rrms(x: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
     """``1 / sqrt(mean(x²) + eps)`` over ``dims`` (``keepdim``), right also where ``x²`` overflows."""
     return _rstd(x, _sum_of_squares(x, dims) / _numel(x, dims), dims, eps)
@@ -678,10 +659,6 @@ def _rms_norm(input: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], e
 # ---------------------------------------------------------------------------
 # BatchNorm
 # ---------------------------------------------------------------------------
-
-
-def _check_running(stat: Optional[Tensor], name: str, num_channels: int, input: Tensor) -> None:
-    check_param(stat, name, (num_channels,), input)
 
 
 @_checked(_check_batch_norm_backward)
@@ -950,21 +927,6 @@ def batch_norm(
         return _batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
 
-def check_batch_norm_args(input, running_mean, running_var, weight, bias, training, momentum, eps) -> tuple[float, float]:
-    """Validate :func:`batch_norm`'s arguments; returns ``(momentum, eps)``."""
-    C = _check_channel_norm_args("batch_norm", input, running_mean, running_var, weight, bias)
-    momentum = check_momentum(momentum, allow_none=False)
-    eps = check_eps(eps)
-    if not training and running_mean is None:
-        raise ValueError("batch_norm in evaluation (training=False) needs running_mean and running_var")
-    if training and C and input.numel() // C == 1:
-        raise ValueError(
-            f"batch_norm in training needs more than 1 value per channel to "
-            f"estimate a variance (got input of shape {list(input.shape)})"
-        )
-    return momentum, eps
-
-
 def _batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
                 weight: Optional[Tensor], bias: Optional[Tensor], training: bool, momentum: float,
                 eps: float) -> Tensor:
@@ -978,20 +940,6 @@ def _batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Opti
         _update_running(running_mean, mean, momentum)
         _update_running(running_var, var * (n / (n - 1)), momentum)
     return y
-
-
-def _check_channel_norm_args(what, input, running_mean, running_var, weight, bias) -> int:
-    """Shared checks of the (N, C, *) norms; returns ``C``."""
-    check_float_tensor(input)
-    C = check_channels(input, what, min_dim=3 if what == "instance_norm" else 2)
-    _check_running(running_mean, "running_mean", C, input)
-    _check_running(running_var, "running_var", C, input)
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean and running_var must be given together (got one of them)")
-    check_param(weight, "weight", (C,), input)
-    check_param(bias, "bias", (C,), input)
-    check_dtypes(input, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var)
-    return C
 
 
 # ---------------------------------------------------------------------------
@@ -1167,18 +1115,6 @@ def group_norm(
         return _group_norm(input, G, weight, bias, eps)
 
 
-def check_group_norm_args(input, num_groups, weight, bias, eps) -> tuple[int, float]:
-    """Validate :func:`group_norm`'s arguments; returns ``(num_groups, eps)``."""
-    C = _check_channel_norm_args("group_norm", input, None, None, weight, bias)
-    G = check_positive_int(num_groups, "num_groups")
-    if C % G != 0:
-        raise ValueError(
-            f"num_groups must divide the number of channels: got num_groups={G} "
-            f"for input with {C} channels"
-        )
-    return G, check_eps(eps)
-
-
 def _group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
                 eps: float) -> Tensor:
     """:func:`group_norm` on checked arguments."""
@@ -1220,22 +1156,6 @@ def instance_norm(
                                              momentum, eps)
     with ctx:
         return _instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
-
-
-def check_instance_norm_args(input, running_mean, running_var, weight, bias, use_input_stats, momentum,
-                             eps) -> tuple[float, float]:
-    """Validate :func:`instance_norm`'s arguments; returns ``(momentum, eps)``."""
-    _check_channel_norm_args("instance_norm", input, running_mean, running_var, weight, bias)
-    momentum = check_momentum(momentum, allow_none=False)
-    eps = check_eps(eps)
-    if not use_input_stats and running_mean is None:
-        raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
-    if use_input_stats and _numel(input, range(2, input.dim())) == 1:
-        raise ValueError(
-            f"instance_norm needs more than 1 spatial element per channel "
-            f"(got input of shape {list(input.shape)})"
-        )
-    return momentum, eps
 
 
 def _instance_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],

@@ -91,7 +91,7 @@ from torch import Tensor, nn
 
 from . import ops
 from .ops import rounding as _r
-from .ops.routing import FUSED, kernels_run_on, route
+from .ops.routing import FUSED, PATH_OF, kernels_run_on, plan, wants_grad
 
 __all__ = ["Anchor", "NormKind", "Unfused", "KINDS", "UNFUSED", "recognise", "classify"]
 
@@ -166,17 +166,20 @@ def fused(b: Binding, module: nn.Module, x) -> Optional[Tensor]:
     """
     if not isinstance(x, Tensor) or x.dtype not in _KERNEL_DTYPES or not kernels_run_on(x):
         return None  # a CPU tensor leaves here: the common case on a laptop, decided in a few attribute reads
-    rows = x.movedim(1, -1) if b.kind == "channels_first_layer_norm" and x.dim() == 4 else x  # what the kernels see
-    if route("layer_norm", rows) != FUSED:
-        return None
     params = []
     for name in (b.weight, b.bias):
         t = getattr(module, name) if name is not None else None
         if t is not None and (not isinstance(t, Tensor) or t.device != x.device or t.dtype not in _KERNEL_DTYPES):
             return None
         params.append(t)
+    rows = x.movedim(1, -1) if b.kind == "channels_first_layer_norm" and x.dim() == 4 else x  # what the kernels see
+    # γ/β are not handed to the plan: each kind reads them in its own way (1 + γ, a scalar γ, ...) and
+    # its fused forward below checks them; the plan is told only whether a gradient is wanted
+    how = plan("layer_norm", rows, grad=wants_grad(x, None, params[0], params[1]))
+    if PATH_OF[how] != FUSED:
+        return None
     eps = getattr(module, b.eps) if isinstance(b.eps, str) else b.eps
-    return KINDS[b.kind].fused(x, params[0], params[1], eps, module)
+    return KINDS[b.kind].fused(how, x, params[0], params[1], eps, module)
 
 
 # ---- each kind's fused forward (only called where fused() said the kernels apply) -------------------------
@@ -221,62 +224,62 @@ def _autocast(op: str, x: Tensor, *params: Optional[Tensor]) -> tuple:
 F_layer_norm = torch.nn.functional.layer_norm
 
 
-def _layer_norm(x, w, b, eps, m):
+def _layer_norm(how, x, w, b, eps, m):
     if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
         return None
     x, w, b = _autocast("layer_norm", x, w, b)
-    return ops.dispatch.fused(x, None, w, b, eps, rms=False)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False, how=how)[0]
 
 
-def _channels_first_layer_norm(x, w, b, eps, m):
+def _channels_first_layer_norm(how, x, w, b, eps, m):
     if x.dim() != 4:
         return None
-    y = _layer_norm(x.permute(0, 2, 3, 1), w, b, eps, m)  # (N, H, W, C)
+    y = _layer_norm(how, x.permute(0, 2, 3, 1), w, b, eps, m)  # (N, H, W, C)
     return None if y is None else y.permute(0, 3, 1, 2)  # (N, C, H, W), a view as in the original
 
 
-def _rms_norm(x, w, b, eps, m):
+def _rms_norm(how, x, w, b, eps, m):
     if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w):
         return None
     x, w = _autocast("rms_norm", x, w)
     eps = eps if eps is not None else torch.finfo(torch.float32).eps
-    return ops.dispatch.fused(x, None, w, None, eps, rms=True)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, how=how)[0]
 
 
-def _llama_rms_norm(x, w, b, eps, m):
+def _llama_rms_norm(how, x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
-    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=_r.LLAMA)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=_r.LLAMA, how=how)[0]
 
 
-def _gemma_rms_norm(x, w, b, eps, m):
+def _gemma_rms_norm(how, x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
-    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=_r.GEMMA)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=_r.GEMMA, how=how)[0]
 
 
-def _t5_layer_norm(x, w, b, eps, m):
+def _t5_layer_norm(how, x, w, b, eps, m):
     if w is None or not _fits(x, w):
         return None
     rounding = _r.T5_HALF if w.dtype in (torch.float16, torch.bfloat16) else _r.T5
-    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=rounding)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, rounding=rounding, how=how)[0]
 
 
-def _float32_rms_norm(x, w, b, eps, m):
+def _float32_rms_norm(how, x, w, b, eps, m):
     if w is not None and w.dim() == 0:  # Gemma-3n's with_scale=False in transformers 4.x: a scalar γ of 1
         w = w.expand(x.shape[-1:]).contiguous()
     if not _fits(x, w):
         return None
-    return ops.dispatch.fused(x, None, w, None, eps, rms=True)[0]
+    return ops.dispatch.fused(x, None, w, None, eps, rms=True, how=how)[0]
 
 
-def _float32_layer_norm(x, w, b, eps, m):
+def _float32_layer_norm(how, x, w, b, eps, m):
     if not _fits(x, w, b) or (w is None and x.shape[-1:] != tuple(m.normalized_shape)):
         return None
-    return ops.dispatch.fused(x, None, w, b, eps, rms=False)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False, how=how)[0]
 
 
-def _layer_norm_1p(x, w, b, eps, m):
+def _layer_norm_1p(how, x, w, b, eps, m):
     if w is None or x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
         return None
     w = w + 1.0  # in γ's dtype, as its forward computes it
@@ -287,13 +290,13 @@ def _layer_norm_1p(x, w, b, eps, m):
             and t.dtype != torch.float64 else t
             for t in (x, w, b)
         )
-    return ops.dispatch.fused(x, None, w, b, eps, rms=False)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False, how=how)[0]
 
 
-def _deberta_layer_norm(x, w, b, eps, m):
+def _deberta_layer_norm(how, x, w, b, eps, m):
     if w is None or b is None or not _fits(x, w, b):
         return None
-    return ops.dispatch.fused(x, None, w, b, eps, rms=False, rounding=_r.DEBERTA)[0]
+    return ops.dispatch.fused(x, None, w, b, eps, rms=False, rounding=_r.DEBERTA, how=how)[0]
 
 
 # ---- what a recognised module's settings allow ----------------------------------------------------

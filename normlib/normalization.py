@@ -118,8 +118,13 @@ class LayerNorm(_NormlibRepr, nn.LayerNorm):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, input: Tensor) -> Tensor:
-        return ops.dispatch.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+    def forward(self, input: Tensor, residual: Optional[Tensor] = None):
+        """``LayerNorm(input)``; with ``residual``, ``(LayerNorm(input + residual), input + residual)``.
+
+        The sum is rounded to the residual's dtype and is exactly what is normalized: the Pre-Norm
+        step ``x = x + branch; y = norm(x)`` in one call (one kernel on GPU).
+        """
+        return ops.dispatch.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps, residual)
 
 
 
@@ -146,9 +151,11 @@ class RMSNorm(_NormlibRepr, nn.RMSNorm):
         torch.Size([2, 4])
 
     Computed by the implementation :func:`normlib.ops.routing.route` picks: the
-    fused Triton kernels on CUDA tensors normalized over one dimension, the
-    reference math of :mod:`normlib.functional` elsewhere (torch's RMSNorm
-    returns no statistics to check, and normalizes rows beyond ~1.8e19 to zeros).
+    fused Triton kernels on CUDA tensors normalized over one dimension;
+    torch's own op on float32/float64 CPU tensors where it returns its rstd
+    (``torch._fused_rms_norm``), checked (a row beyond ~1.8e19 overflows
+    there to zeros: normlib then computes it again); the reference math of
+    :mod:`normlib.functional` wherever neither is right for the call.
     """
 
     def __init__(
@@ -166,8 +173,10 @@ class RMSNorm(_NormlibRepr, nn.RMSNorm):
         if self.weight is not None:
             nn.init.ones_(self.weight)
 
-    def forward(self, input: Tensor) -> Tensor:
-        return ops.dispatch.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+    def forward(self, input: Tensor, residual: Optional[Tensor] = None):
+        """``RMSNorm(input)``; with ``residual``, ``(RMSNorm(input + residual), input + residual)`` (as
+        :meth:`LayerNorm.forward`)."""
+        return ops.dispatch.rms_norm(input, self.normalized_shape, self.weight, self.eps, residual)
 
 
 

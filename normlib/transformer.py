@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import numbers
-from typing import cast
 
 from torch import Tensor, nn
 
-from . import ops
 from ._checks import check_eps, check_positive_int
 from .attention import MultiHeadAttention
 from .normalization import LayerNorm, RMSNorm
@@ -42,8 +40,7 @@ class TransformerBlock(nn.Module):
         input ``(B, T, d_model)``; output the same.
 
     With ``norm_first=True`` on CUDA, the residual add after attention and
-    ``norm2`` run as one fused kernel (:func:`normlib.ops.add_layer_norm` /
-    :func:`normlib.ops.add_rms_norm`).
+    ``norm2`` run as one call, ``norm2(branch, residual=x)`` (one fused kernel on GPU).
 
     Example:
         >>> import torch
@@ -98,21 +95,10 @@ class TransformerBlock(nn.Module):
     def _ffn(self, x: Tensor) -> Tensor:
         return self.dropout(self.ff(x))
 
-    def _add_norm2(self, branch: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``x + branch`` and ``norm2`` of it: one fused kernel on GPU, two steps elsewhere."""
-        n = self.norm2
-        if ops.use_fused(branch, x):
-            if self.norm == "layer":
-                ln = cast(LayerNorm, n)  # what __init__ built for norm="layer"
-                return ops.add_layer_norm(branch, x, ln.weight, ln.bias, ln.eps)
-            return ops.add_rms_norm(branch, x, n.weight, n.eps)
-        x = x + branch
-        return n(x), x
-
     def forward(self, x: Tensor, causal: bool = False) -> Tensor:
         """Apply the block to ``x`` ``(B, T, d_model)``; ``causal=True`` masks future positions."""
         if self.norm_first:
-            y, x = self._add_norm2(self._sa(self.norm1(x), causal), x)
+            y, x = self.norm2(self._sa(self.norm1(x), causal), residual=x)  # x + branch, and its norm
             return x + self._ffn(y)
         x = self.norm1(x + self._sa(x, causal))
         return self.norm2(x + self._ffn(x))

@@ -13,6 +13,7 @@ import torch
 import normlib as nl
 import normlib.functional as F
 from normlib import ops
+from normlib.ops import native
 
 
 def test_path_for_rules(monkeypatch):
@@ -22,7 +23,8 @@ def test_path_for_rules(monkeypatch):
     monkeypatch.setattr(R, "HAS_TRITON", True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert ops.path_for(x) == "native"  # a CPU tensor: torch's op, checked; the interpreter only when forced
-    assert ops.path_for(x, op="rms_norm") == "reference"  # no native RMSNorm with statistics to check
+    rms_native = "native" if native.HAS_RMS_NORM else "reference"  # torch's RMSNorm that returns its rstd
+    assert ops.path_for(x, op="rms_norm") == rms_native
     with ops.force_path("fused"):
         assert ops.path_for(x) == "triton-interpreter"
         assert ops.path_for(x, torch.randn(4, 8)) == "triton-interpreter"
@@ -43,7 +45,7 @@ def test_path_for_rules(monkeypatch):
     with ops.force_path("reference"):
         assert ops.path_for(x) == "reference"
     with ops.force_path("native"):
-        assert ops.path_for(x, op="rms_norm") == "reference"  # forced, but no native op to take
+        assert ops.path_for(x, op="rms_norm") == rms_native
     with pytest.raises(ValueError, match="path must be one of"):
         with ops.force_path("triton"):
             pass

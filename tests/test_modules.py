@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import normlib as nl
+from normlib.testing.tolerance import close
 
 # torch 2.13 gave BatchNorm, GroupNorm and InstanceNorm a ``bias`` argument
 # (normlib has it on every torch); on older releases there is no torch twin to compare.
@@ -290,3 +291,34 @@ def test_packaging_metadata():
     assert meta["project"]["license"] == "MIT"
     assert not any(c.startswith("License ::") for c in meta["project"]["classifiers"])
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["normlib"]
+
+
+@pytest.mark.parametrize("cls", [nl.LayerNorm, nl.RMSNorm])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_norm_module_adds_a_residual_as_add_norm_does(cls, dtype):
+    """``norm(x, residual=r)`` is ``(norm(x + r), x + r)``: the same numbers as the two steps, gradients
+    through both outputs, the sum in the residual's dtype."""
+    torch.manual_seed(0)
+    m = cls(16).to(dtype)
+    x = torch.randn(3, 5, 16, dtype=dtype, requires_grad=True)
+    r = torch.randn(3, 5, 16, dtype=dtype, requires_grad=True)
+    y, s = m(x, residual=r)
+    s_ref = (x.detach() + r.detach())
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, m(s_ref), rtol=0, atol=0)
+    (y.float().sum() + s.float().square().sum()).backward()
+    x2, r2 = x.detach().clone().requires_grad_(), r.detach().clone().requires_grad_()
+    s2 = x2 + r2
+    (m(s2).float().sum() + s2.float().square().sum()).backward()
+    torch.testing.assert_close(x.grad, x2.grad, **close(dtype, kappa=4))
+    torch.testing.assert_close(r.grad, r2.grad, **close(dtype, kappa=4))
+
+
+def test_a_residual_needs_a_norm_over_the_last_dimension_and_a_matching_tensor():
+    m = nl.LayerNorm((4, 8))
+    with pytest.raises(ValueError, match="normalized_shape must be"):
+        m(torch.randn(2, 4, 8), residual=torch.randn(2, 4, 8))
+    with pytest.raises(ValueError, match="residual must have the shape"):
+        nl.LayerNorm(8)(torch.randn(2, 8), residual=torch.randn(3, 8))
+    with pytest.raises(TypeError, match="residual must be a torch.Tensor"):
+        nl.RMSNorm(8)(torch.randn(2, 8), residual=[1.0])

@@ -17,6 +17,7 @@ import torch
 import normlib as nl
 from normlib import ops
 from _fused_check import check, leaves
+from normlib.testing.tolerance import close
 
 pytestmark = [
     pytest.mark.cuda,
@@ -152,3 +153,23 @@ def test_inductor_in_both_compile_modes(mode):
     finally:
         ops.set_compile_mode(old)
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cls", [nl.LayerNorm, nl.RMSNorm])
+def test_a_cuda_crossover_entry_sends_small_calls_to_torchs_op(cls, monkeypatch):
+    """With a ``cuda`` entry that names torch's op below 64 rows of 4096, a decoding-sized forward takes it
+    (checked: torch.nn's numbers), a larger one and any call that wants a gradient the kernels."""
+    from normlib.ops import routing
+
+    table = {"cuda": {"layer_norm": {"forward": [(0, "native"), (64 * 4096 + 1, "fused")]},
+                      "rms_norm": {"forward": [(0, "native"), (64 * 4096 + 1, "fused")]}}}
+    monkeypatch.setattr(routing, "_BANDS", routing._bands(table))
+    op = "layer_norm" if cls is nl.LayerNorm else "rms_norm"
+    m = cls(4096).to("cuda", torch.bfloat16)
+    theirs = getattr(torch.nn, cls.__name__)(4096).to("cuda", torch.bfloat16)
+    small, large = (torch.randn(r, 4096, device="cuda", dtype=torch.bfloat16) for r in (8, 256))
+    with torch.no_grad():
+        assert ops.route(op, small, weight=m.weight) == "native"
+        assert ops.route(op, large, weight=m.weight) == "fused"
+        torch.testing.assert_close(m(small), theirs(small), **close(torch.bfloat16))
+    assert ops.route(op, small.requires_grad_(), weight=m.weight) == "fused"  # no backward band: the kernels

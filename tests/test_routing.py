@@ -27,7 +27,9 @@ F32 = torch.float32
     [
         ("layer_norm", torch.randn(4, 8), {}, "native"),
         ("layer_norm", torch.randn(4, 2, 8), {"rows": False}, "native"),
-        ("rms_norm", torch.randn(4, 8), {}, "reference"),  # torch's RMSNorm returns no statistics to check
+        # torch's RMSNorm that returns its rstd (torch._fused_rms_norm), where this torch has one
+        ("rms_norm", torch.randn(4, 8), {}, "native" if native.HAS_RMS_NORM else "reference"),
+        ("rms_norm", torch.randn(4, 8), {"weight": torch.randn(8, dtype=torch.float64)}, "reference"),
         ("group_norm", torch.randn(4, 6, 5), {"rows": False}, "native"),
         ("batch_norm", torch.randn(4, 6, 5), {"rows": False}, "native"),
         ("instance_norm", torch.randn(4, 6, 5), {"rows": False}, "native"),
@@ -62,7 +64,7 @@ def test_route_under_autocast_transforms_tracing_and_force():
 def test_route_reads_the_crossover_table(monkeypatch):
     x = torch.randn(64, 64)  # 4096 elements
     table = {"cpu": {"layer_norm": {"forward": [(0, "native"), (4096, "reference")], "backward": [(0, "reference")]}}}
-    monkeypatch.setattr(routing, "_TABLE", table)
+    monkeypatch.setattr(routing, "_BANDS", routing._bands(table))
     assert ops.route("layer_norm", x) == "reference"  # 4096 >= 4096: the second band
     assert ops.route("layer_norm", x[:63]) == "native"
     assert ops.route("layer_norm", x.requires_grad_()) == "reference"  # a gradient is wanted: the backward bands
@@ -77,11 +79,13 @@ def test_the_committed_table_names_known_paths_and_its_provenance():
     prov = data["provenance"]
     assert {"cpu_model", "torch", "date", "threads"} <= set(prov)
     for dev, table in routing.crossover_table().items():
+        if dev != "cpu":  # a GPU's entry: measured there, with that device's provenance
+            assert {"device", "torch", "triton", "date"} <= set(data["provenance_by_device"][dev])
         for op, dirs in table.items():
             assert op in routing.OPS and set(dirs) <= {"forward", "backward"}
             for bands in dirs.values():
                 assert [b for b, _ in bands] == sorted(b for b, _ in bands) and bands[0][0] == 0
-                assert {p for _, p in bands} <= {"native", "reference"}
+                assert {p for _, p in bands} <= ({"native", "reference"} if dev == "cpu" else {"native", "fused"})
 
 
 def test_force_path_rejects_unknown_paths():
@@ -263,3 +267,33 @@ def test_functional_is_always_the_reference():
     with ops.force_path("native"):  # the functional API is the book's math: no route
         y = F.layer_norm(torch.randn(4, 8), (8,))
     assert y.shape == (4, 8)
+
+
+def test_the_plans_written_out_rule_is_native_takes(monkeypatch):
+    """plan() writes _native_takes out for speed: over a grid of CPU calls, with no crossover table, it
+    takes torch's op exactly where _native_takes says."""
+    monkeypatch.setattr(routing, "_BANDS", {})
+    dtypes = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    for op in routing.OPS:
+        for dt in dtypes:
+            for shape in ((4, 8), (0, 8), (3, 0)):
+                x = torch.randn(shape, dtype=dt)
+                for residual in (None, torch.randn(shape, dtype=torch.float64), torch.randn(shape, dtype=torch.float16)):
+                    for weight in (None, torch.randn(shape[-1], dtype=dt), torch.randn(shape[-1], dtype=torch.float64)):
+                        expected = "native" if routing._native_takes(op, x, residual, weight) else "reference"
+                        assert routing.plan(op, x, residual, weight) == expected, (op, dt, shape, residual, weight)
+
+
+def test_a_plan_names_the_way_into_the_kernels(monkeypatch):
+    """Inside force_path("fused") with the interpreter: the kernels directly without a gradient, through the
+    autograd Function with one; route() reports both as "fused"."""
+    monkeypatch.setattr(routing, "HAS_TRITON", True)
+    monkeypatch.setattr(routing, "_interpreter_on", lambda: True)
+    x, w = torch.randn(4, 8), torch.randn(8, requires_grad=True)
+    with ops.force_path("fused"):
+        assert routing.plan("layer_norm", x) == routing.FUSED
+        assert routing.plan("layer_norm", x, weight=w) == routing.FUSED_GRAD
+        assert routing.plan("layer_norm", x, grad=True) == routing.FUSED_GRAD
+        with torch.no_grad():
+            assert routing.plan("layer_norm", x, weight=w) == routing.FUSED
+        assert ops.route("layer_norm", x, weight=w) == "fused"

@@ -59,7 +59,7 @@ def path_for(x: Tensor, residual: Optional[Tensor] = None, op: str = "layer_norm
     Example:
         >>> path_for(torch.randn(4, 8))  # a CPU tensor: torch's own LayerNorm, checked
         'native'
-        >>> path_for(torch.randn(4, 8), op="rms_norm")
+        >>> path_for(torch.randn(4, 8, dtype=torch.bfloat16))  # normlib's float32 accumulation
         'reference'
     """
     if not isinstance(x, torch.Tensor):

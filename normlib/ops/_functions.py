@@ -20,7 +20,10 @@ def _rows(t: torch.Tensor, N: int) -> tuple[torch.Tensor, int]:
 def forward(x, residual, weight, bias, eps, rms, rounding=TORCH):
     """The forward kernel on any evenly spaced rows: ``(y, residual_out, mean, rstd)``."""
     N = x.shape[-1]
-    x, sx = _rows(x, N)
+    if x.is_contiguous():  # the common call: its rows are N apart (what _rows answers, without its frames)
+        sx = N
+    else:
+        x, sx = _rows(x, N)
     sr = 0
     if residual is not None:
         residual, sr = _rows(residual, N)
@@ -30,8 +33,12 @@ def forward(x, residual, weight, bias, eps, rms, rounding=TORCH):
 def backward(dy, dres, normalized, weight, mean, rstd, rms, x_dtype, residual_dtype, bias_dtype, rounding=TORCH):
     """The backward kernel on any evenly spaced rows: ``(dx, dresidual, dweight, dbias)``."""
     N = normalized.shape[-1]
-    normalized, sx = _rows(normalized, N)
-    dy, sdy = _rows(dy, N)
+    # the common call: both contiguous, rows N apart (what _rows answers, without its frames)
+    if normalized.is_contiguous() and dy.is_contiguous():
+        sx = sdy = N
+    else:
+        normalized, sx = _rows(normalized, N)
+        dy, sdy = _rows(dy, N)
     sdres = 0
     if dres is not None:
         dres, sdres = _rows(dres, N)

@@ -314,10 +314,6 @@ def bwd_config(
     )
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # plain Python: triton.cdiv is a JIT function, ~15 us per call from Python
-
-
 def row_stride(t: torch.Tensor, N: int) -> Optional[int]:
     """Distance in elements between consecutive rows of ``t`` seen as ``(numel // N, N)``.
 
@@ -347,6 +343,17 @@ def _tl_dtype(dtype: torch.dtype):
             torch.float64: tl.float64}[dtype]
 
 
+@functools.lru_cache(maxsize=1024)
+def _fwd_spec(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], b_dtype: Optional[torch.dtype],
+              rounding: Rounding) -> tuple[torch.dtype, torch.dtype, dict]:
+    """``(accumulation dtype, output dtype, launch config)`` of a forward: what a call's dtypes and row size
+    decide, worked out once per combination (a cached hit costs no Python frame)."""
+    element_size = torch.empty((), dtype=x_dtype).element_size()
+    w = None if w_dtype is None else torch.empty((0,), dtype=w_dtype)
+    b = None if b_dtype is None else torch.empty((0,), dtype=b_dtype)
+    return acc_dtype(x_dtype), rounding.out_dtype(x_dtype, w, b), fwd_config(N, element_size)
+
+
 def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] = None, strides=None,
              rounding: Rounding = TORCH):
     """Launch the forward kernel on ``x`` normalized over its last dimension (size ``N``).
@@ -366,19 +373,21 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] =
     if strides is None:
         strides = (row_stride(x, N), row_stride(residual, N) if residual is not None else 0)
     sx, sr = strides
-    acc = acc_dtype(x.dtype)
-    out_dtype = rounding.out_dtype(x.dtype, weight, bias)
-    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    rstd = torch.empty((M,), dtype=acc, device=x.device)
-    mean = None if is_rms else torch.empty((M,), dtype=acc, device=x.device)
+    acc, out_dtype, cfg = _fwd_spec(N, x.dtype, None if weight is None else weight.dtype,
+                                    None if bias is None else bias.dtype, rounding)
+    if config:
+        cfg = fwd_config(N, x.element_size(), **config)
+    device = x.device
+    y = torch.empty(x.shape, dtype=out_dtype, device=device)
+    rstd = torch.empty((M,), dtype=acc, device=device)
+    mean = None if is_rms else torch.empty((M,), dtype=acc, device=device)
     res_out = None
     if residual is not None:
-        res_out = torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+        res_out = torch.empty(x.shape, dtype=residual.dtype, device=device)
     if M == 0:
         return y, res_out, mean, rstd
-    cfg = fwd_config(N, x.element_size(), **config) if config else fwd_config(N, x.element_size())
     # An argument the kernel's flags say it never touches gets a stand-in pointer.
-    _norm_fwd_kernel[(_cdiv(M, cfg["rows"]),)](
+    _norm_fwd_kernel[(-(-M // cfg["rows"]),)](  # cdiv, without a Python frame
         x,
         residual if residual is not None else x,
         weight if weight is not None else x,
@@ -415,6 +424,16 @@ def _sm_count(device: torch.device) -> int:
     return 1  # the interpreter runs programs one at a time
 
 
+@functools.lru_cache(maxsize=1024)
+def _bwd_spec(N: int, dtype: torch.dtype, x_dtype: torch.dtype, is_rms: bool, rounding: Rounding,
+              device: torch.device) -> tuple:
+    """``(accumulation dtype, the kernel's XDT, launch config, SM count)`` of a backward, worked out once per
+    combination (a cached hit costs no Python frame)."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    xdt = _tl_dtype(x_dtype) if rounding.xhat == "input" else tl.float32
+    return acc_dtype(dtype), xdt, bwd_config(N, element_size, is_rms), _sm_count(device)
+
+
 def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, residual_dtype, *,
              config: Optional[dict] = None, strides=None, rounding: Rounding = TORCH):
     """Launch the backward kernel.
@@ -436,17 +455,18 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
     if strides is None:
         strides = (row_stride(x, N), row_stride(dy, N), row_stride(dres, N) if dres is not None else 0)
     sx, sdy, sdres = strides
-    acc = acc_dtype(x.dtype)
+    acc, xdt, cfg, sm_count = _bwd_spec(N, x.dtype, x_dtype, is_rms, rounding, x.device)
+    if config:
+        cfg = bwd_config(N, x.element_size(), is_rms, **config)
     dx = torch.empty(x.shape, dtype=x_dtype, device=x.device)
     split = residual_dtype is not None
     dres_in = torch.empty(x.shape, dtype=residual_dtype, device=x.device) if split else None
-    cfg = bwd_config(N, x.element_size(), is_rms, **(config or {}))
-    P = max(1, min(_cdiv(M, cfg["rows"]), cfg["programs_per_sm"] * _sm_count(x.device)))
+    P = max(1, min(-(-M // cfg["rows"]), cfg["programs_per_sm"] * sm_count))
     has_bias = bias_dtype is not None
     # one buffer for both partial sums: (2, P, N), dweight's in [0], dbias's in [1]
     parts = torch.empty((2, P, N), dtype=acc, device=x.device) if (weight is not None or has_bias) else None
     if M > 0:
-        rows_per_program = _cdiv(M, P)
+        rows_per_program = -(-M // P)
         _norm_bwd_kernel[(P,)](
             x,
             weight if weight is not None else x,
@@ -476,7 +496,7 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
             NUM_STAGES=cfg["num_stages"],
             W_PLUS_ONE=rounding.weight_plus_one,
             ROUND_XHAT=rounding.xhat_code,
-            XDT=_tl_dtype(x_dtype) if rounding.xhat == "input" else tl.float32,
+            XDT=xdt,
             num_warps=cfg["num_warps"],
         )
     dweight = torch.empty((N,), dtype=weight.dtype, device=x.device) if weight is not None else None
@@ -488,7 +508,7 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
                     g.zero_()
         else:
             # Partial sums reduced in a fixed order: deterministic, no atomics.
-            _col_sum_kernel[(_cdiv(N, _COL_BLOCK),)](
+            _col_sum_kernel[(-(-N // _COL_BLOCK),)](
                 parts,
                 dweight if dweight is not None else rstd,
                 dbias if dbias is not None else rstd,

@@ -1,11 +1,14 @@
-"""Each norm, validated once, routed once, computed by the implementation :func:`~normlib.ops.routing.route` names.
+"""Each norm, validated once, planned once, computed by what :func:`~normlib.ops.routing.plan` names.
 
-The functions here take torch.nn.functional's arguments, apply torch's
-autocast policy (:mod:`normlib._autocast`), check the arguments with
-:mod:`normlib.functional`'s checks (the one place their messages live),
-ask :func:`~normlib.ops.routing.route` once, and run:
+The functions here take torch.nn.functional's arguments, ask once whether
+any autocast is on (and only then apply torch's autocast policy,
+:mod:`normlib._autocast`), check the arguments (:mod:`normlib._checks`, the
+one place their messages live), ask :func:`~normlib.ops.routing.plan` once,
+and run what it names:
 
-* ``"fused"``: the Triton kernels (:func:`fused`);
+* ``"fused"``, ``"fused:grad"``, ``"fused:op"``: the Triton kernels, called
+  directly, through their autograd Function, or as the custom operator
+  (:func:`fused`);
 * ``"native"``: torch's op, whose statistics :mod:`normlib.ops.native` checks;
   when it does not trust them the call is computed by the reference instead;
 * ``"reference"``: :mod:`normlib.functional`'s autograd Functions.
@@ -16,81 +19,118 @@ functions of :mod:`normlib.ops` call these.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, cast
 
 import torch
 from torch import Tensor
 
 from .. import functional as F
-from .._autocast import autocast_float32, runs_in_float32
-from .._checks import check_float_tensor
+from .._autocast import any_autocast, autocast_float32, runs_in_float32
+from .._checks import (check_batch_norm_args, check_float_tensor, check_group_norm_args, check_instance_norm_args,
+                       check_layer_norm_args, check_rms_norm_args)
 from ..numerics import acc_dtype
 from . import native
 from . import _custom_ops  # registers normlib::fused_norm and its backward with torch.library
 from .rounding import FLOAT32_OUT, TORCH, Rounding
-from .routing import FUSED, NATIVE, route
+from .routing import FUSED_GRAD, FUSED_OP, NATIVE, REFERENCE, plan
 
 __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "add_norm", "fused"]
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+_NO_AUTOCAST = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 def fused(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], eps: float, *,
-          rms: bool, rounding: Rounding = TORCH) -> tuple[Tensor, Optional[Tensor]]:
-    """The kernels on checked arguments: ``(y, residual_out)``.
+          rms: bool, rounding: Rounding = TORCH, how: str = FUSED_GRAD) -> tuple[Tensor, Optional[Tensor]]:
+    """The kernels on checked arguments: ``(y, residual_out)``, entered as ``how`` (a fused plan) says.
 
-    Through the custom operator while ``torch.compile`` traces, through the
-    autograd Function when a gradient is wanted, directly otherwise.
-    ``rounding`` selects another library's rounding order (see
-    :mod:`normlib.ops.rounding`).
+    ``"fused:op"``: the custom operator (while ``torch.compile`` traces);
+    ``"fused:grad"``: the autograd Function; ``"fused"``: the launchers
+    directly, recording no graph. ``rounding`` selects another library's
+    rounding order (see :mod:`normlib.ops.rounding`).
     """
+    if how == FUSED_OP:
+        return _custom_ops.fused_norm(x, residual, weight, bias, eps, rms=rms, rounding=rounding)
     from . import _functions  # Triton is imported on first use only
 
-    if torch.compiler.is_compiling():
-        return _custom_ops.fused_norm(x, residual, weight, bias, eps, rms=rms, rounding=rounding)
-    if _needs_grad(x, residual, weight, bias):
+    if how == FUSED_GRAD:
         return _functions.FusedNormFunction.apply(x, residual, weight, bias, eps, rms, rounding)
     y, res_out, _, _ = _functions.forward(x, residual, weight, bias, eps, rms, rounding)
     return y, res_out
 
 
+def _autocast(op: str, input: Tensor, *others: Optional[Tensor]) -> tuple:
+    """``(context, autocast, input, *others)``: torch's autocast policy applied where any autocast is on.
+
+    ``autocast`` is what :func:`~normlib.ops.routing.plan` is told: ``False``
+    when none is on (the common call: one question to torch), else ``None``,
+    so that it asks about the input's device itself, inside the context.
+    """
+    if not any_autocast():
+        return (_NO_AUTOCAST, False, input) + others
+    ctx, *cast_ = autocast_float32(op, input, *others)
+    return (ctx, None, *cast_)
+
+
 def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-               eps: float = 1e-5) -> Tensor:
-    """:func:`normlib.functional.layer_norm`, by the implementation the route picks."""
-    ctx, input, weight, bias = autocast_float32("layer_norm", input, weight, bias)
-    shape, eps = F.check_layer_norm_args(input, normalized_shape, weight, bias, eps)
+               eps: float = 1e-5, residual: Optional[Tensor] = None):
+    """:func:`normlib.functional.layer_norm`, by the implementation the plan picks.
+
+    With ``residual``: ``(y, residual_out)`` as :func:`add_norm` (normalized over the last dimension).
+    """
+    if residual is not None:
+        return add_norm(input, residual, weight, bias, eps, rms=False, normalized_shape=normalized_shape)
+    if any_autocast():  # _autocast, written out: the one question every call asks torch
+        ctx, amp, input, weight, bias = _autocast("layer_norm", input, weight, bias)
+    else:
+        ctx, amp = _NO_AUTOCAST, False
+    shape, eps = check_layer_norm_args(input, normalized_shape, weight, bias, eps)
     with ctx:
-        path = route("layer_norm", input, None, weight, bias, rows=len(shape) == 1)
-        if path == FUSED:
-            return fused(input, None, weight, bias, eps, rms=False)[0]
-        if path == NATIVE and input.numel():
+        how = plan("layer_norm", input, None, weight, bias, rows=len(shape) == 1, autocast=amp)
+        if how == NATIVE:
             y = native.layer_norm(input, shape, weight, bias, eps)
             if y is not None:
                 return y
+        elif how != REFERENCE:
+            return fused(input, None, weight, bias, eps, rms=False, how=how)[0]
         return F._layer_norm(input, shape, weight, bias, eps)
 
 
-def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None, eps: Optional[float] = None) -> Tensor:
-    """:func:`normlib.functional.rms_norm`, by the implementation the route picks (never native: see route)."""
-    ctx, input, weight = autocast_float32("rms_norm", input, weight)
-    shape, eps = F.check_rms_norm_args(input, normalized_shape, weight, eps)
+def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None, eps: Optional[float] = None,
+             residual: Optional[Tensor] = None):
+    """:func:`normlib.functional.rms_norm`, by the implementation the plan picks.
+
+    With ``residual``: ``(y, residual_out)`` as :func:`add_norm` (normalized over the last dimension).
+    """
+    if residual is not None:
+        return add_norm(input, residual, weight, None, eps, rms=True, normalized_shape=normalized_shape)
+    if any_autocast():
+        ctx, amp, input, weight = _autocast("rms_norm", input, weight)
+    else:
+        ctx, amp = _NO_AUTOCAST, False
+    shape, eps = check_rms_norm_args(input, normalized_shape, weight, eps)
     with ctx:
-        if route("rms_norm", input, None, weight, rows=len(shape) == 1) == FUSED:
-            return fused(input, None, weight, None, eps, rms=True)[0]
+        how = plan("rms_norm", input, None, weight, rows=len(shape) == 1, autocast=amp)
+        if how == NATIVE:
+            y = native.rms_norm(input, shape, weight, eps)
+            if y is not None:
+                return y
+        elif how != REFERENCE:
+            return fused(input, None, weight, None, eps, rms=True, how=how)[0]
         return F._rms_norm(input, shape, weight, eps)
 
 
 def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                eps: float = 1e-5) -> Tensor:
-    """:func:`normlib.functional.group_norm`, by the implementation the route picks."""
-    ctx, input, weight, bias = autocast_float32("group_norm", input, weight, bias)
-    G, eps = F.check_group_norm_args(input, num_groups, weight, bias, eps)
+    """:func:`normlib.functional.group_norm`, by the implementation the plan picks."""
+    if any_autocast():
+        ctx, amp, input, weight, bias = _autocast("group_norm", input, weight, bias)
+    else:
+        ctx, amp = _NO_AUTOCAST, False
+    G, eps = check_group_norm_args(input, num_groups, weight, bias, eps)
     with ctx:
-        if route("group_norm", input, None, weight, bias, rows=False) == NATIVE and input.numel():
+        if plan("group_norm", input, None, weight, bias, rows=False, autocast=amp) == NATIVE:
             y = native.group_norm(input, G, weight, bias, eps)
             if y is not None:
                 return y
@@ -100,14 +140,17 @@ def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None, 
 def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
                weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """:func:`normlib.functional.batch_norm`, by the implementation the route picks."""
-    ctx, input, running_mean, running_var, weight, bias = autocast_float32(
-        "batch_norm", input, running_mean, running_var, weight, bias
-    )
-    momentum, eps = F.check_batch_norm_args(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    """:func:`normlib.functional.batch_norm`, by the implementation the plan picks."""
+    if any_autocast():
+        ctx, amp, input, running_mean, running_var, weight, bias = _autocast(
+            "batch_norm", input, running_mean, running_var, weight, bias
+        )
+    else:
+        ctx, amp = _NO_AUTOCAST, False
+    momentum, eps = check_batch_norm_args(input, running_mean, running_var, weight, bias, training, momentum, eps)
     with ctx:
         op = "batch_norm" if training else "batch_norm_eval"
-        if route(op, input, None, weight, bias, rows=False) == NATIVE and input.numel():
+        if plan(op, input, None, weight, bias, rows=False, autocast=amp) == NATIVE:
             y = native.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
             if y is not None:
                 return y
@@ -117,19 +160,19 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
 def instance_norm(input: Tensor, running_mean: Optional[Tensor] = None, running_var: Optional[Tensor] = None,
                   weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, use_input_stats: bool = True,
                   momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
-    """:func:`normlib.functional.instance_norm`, by the implementation the route picks.
+    """:func:`normlib.functional.instance_norm`, by the implementation the plan picks.
 
     Without running statistics to record, InstanceNorm is GroupNorm with one
     channel per group, and runs as torch's ``native_group_norm``.
     """
-    ctx, input, running_mean, running_var, weight, bias = autocast_float32(
+    ctx, amp, input, running_mean, running_var, weight, bias = _autocast(
         "instance_norm", input, running_mean, running_var, weight, bias
     )
-    momentum, eps = F.check_instance_norm_args(input, running_mean, running_var, weight, bias, use_input_stats,
-                                               momentum, eps)
+    momentum, eps = check_instance_norm_args(input, running_mean, running_var, weight, bias, use_input_stats,
+                                             momentum, eps)
     with ctx:
-        if (use_input_stats and running_mean is None and input.numel()
-                and route("instance_norm", input, None, weight, bias, rows=False) == NATIVE):
+        if (use_input_stats and running_mean is None
+                and plan("instance_norm", input, None, weight, bias, rows=False, autocast=amp) == NATIVE):
             y = native.group_norm(input, input.shape[1], weight, bias, eps)
             if y is not None:
                 return y
@@ -146,11 +189,13 @@ def _reference_add(x: Tensor, residual: Tensor) -> Tensor:
 
 
 def add_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: Optional[float],
-             *, rms: bool) -> tuple[Tensor, Tensor]:
+             *, rms: bool, normalized_shape=None) -> tuple[Tensor, Tensor]:
     """``(norm(x + residual), x + residual)``: the residual sum in the residual's dtype, ``y`` in ``x``'s.
 
-    Under autocast γ/β are taken in float32 and ``y`` is float32 where torch
-    runs the norm in float32, as torch's autocast does for the unfused pair.
+    Normalized over the last dimension (``normalized_shape``, where a module
+    passes its own, must be that). Under autocast γ/β are taken in float32
+    and ``y`` is float32 where torch runs the norm in float32, as torch's
+    autocast does for the unfused pair.
     """
     op = "rms_norm" if rms else "layer_norm"
     check_float_tensor(x)
@@ -161,23 +206,26 @@ def add_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Option
         raise ValueError(f"residual must have the shape of input {list(x.shape)} (got {list(residual.shape)})")
     if residual.device != x.device:
         raise ValueError(f"residual must be on the input's device {x.device} (got {residual.device})")
+    shape = tuple(x.shape[-1:])
+    if normalized_shape is not None and tuple(normalized_shape) != shape:
+        raise ValueError(f"a residual is added to norms over the last dimension alone: normalized_shape must be "
+                         f"{list(shape)} for input of shape {list(x.shape)} (got {list(normalized_shape)})")
     f32 = runs_in_float32(op, x)
     if f32:
         weight, bias = _to_float32(weight), _to_float32(bias)
-    shape = x.shape[-1:]
     if rms:
-        _, eps = F.check_rms_norm_args(x, shape, weight, eps)
+        _, eps = check_rms_norm_args(x, shape, weight, eps)
     else:
-        _, eps = F.check_layer_norm_args(x, shape, weight, bias, eps)
+        _, eps = check_layer_norm_args(x, shape, weight, bias, eps)
     rounding = FLOAT32_OUT if f32 and x.dtype in _HALF else TORCH
-    path = route(op, x, residual, weight, bias)
-    if path == FUSED:
-        y_fused, fused_sum = fused(x, residual, weight, bias, eps, rms=rms, rounding=rounding)
+    how = plan(op, x, residual, weight, bias)
+    if how not in (NATIVE, REFERENCE):
+        y_fused, fused_sum = fused(x, residual, weight, bias, eps, rms=rms, rounding=rounding, how=how)
         return y_fused, cast(Tensor, fused_sum)  # never None: a residual was given
     res_out = _reference_add(x, residual)
     y = None
-    if path == NATIVE and not rms and res_out.numel():
-        y = native.layer_norm(res_out, tuple(shape), weight, bias, eps)
+    if how == NATIVE:
+        y = native.rms_norm(res_out, shape, weight, eps) if rms else native.layer_norm(res_out, shape, weight, bias, eps)
     if y is None:
-        y = F._rms_norm(res_out, tuple(shape), weight, eps) if rms else F._layer_norm(res_out, tuple(shape), weight, bias, eps)
+        y = F._rms_norm(res_out, shape, weight, eps) if rms else F._layer_norm(res_out, shape, weight, bias, eps)
     return y.to(rounding.out_dtype(x.dtype)), res_out

@@ -26,6 +26,7 @@ outside ``torch.compile`` and the ``torch.func`` transforms (see
 
 from __future__ import annotations
 
+from itertools import chain
 from types import ModuleType
 from typing import Optional
 
@@ -38,7 +39,23 @@ try:  # torch >= 2.15 no longer requires numpy
 except ImportError:  # pragma: no cover - depends on the installation
     _np = None
 
-__all__ = ["TRUST", "trusted", "layer_norm", "group_norm", "batch_norm"]
+__all__ = ["TRUST", "HAS_RMS_NORM", "trusted", "trusted_scale", "layer_norm", "rms_norm", "group_norm", "batch_norm"]
+
+
+
+def _has_rms_norm() -> bool:
+    """Whether this torch has an RMSNorm op that returns its rstd and computes it on CPU (asked once)."""
+    op = getattr(torch, "_fused_rms_norm", None)
+    if op is None:
+        return False
+    try:
+        y, rstd = op(torch.ones(1, 2), [2], None, 0.0)
+        return bool(y.shape == (1, 2) and rstd.shape == (1, 1))
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+HAS_RMS_NORM = _has_rms_norm()
 
 # |mean| * rstd up to which torch's single-pass statistics are trusted. Measured on CPU (float32,
 # rows of 64 to 8192 values; chapter 07 shows it for 768): torch's LayerNorm/GroupNorm error grows
@@ -46,14 +63,36 @@ __all__ = ["TRUST", "trusted", "layer_norm", "group_norm", "batch_norm"]
 TRUST = 4.0
 
 _TINY = 1e-30  # 1e-30 / rstd is negligible for every finite rstd, and NaN (0/0) where rstd == 0
+_INF = float("inf")
+_chain = chain.from_iterable
+
+
+# Up to this many slices the statistics are looked at as Python floats: two tolist() calls and a
+# loop cost less than converting to numpy (about 0.7 us a tensor) or any torch op's dispatch.
+_FEW = 64
 
 
 def trusted(mean: Tensor, rstd: Tensor) -> bool:
     """Whether every slice has ``|mean| * rstd <= TRUST`` and ``rstd > 0`` (no NaN, no overflowed variance)."""
-    if mean.numel() == 0:
+    n = rstd.numel()
+    if n == 0:
+        return True
+    if n <= _FEW and rstd.is_cpu:
+        dim = rstd.dim()
+        if dim == 2 and rstd.shape[1] == 1:  # LayerNorm's (M, 1): one value per nested list
+            for (mu,), (r,) in zip(mean.tolist(), rstd.tolist()):
+                if not (abs(mu * r) <= TRUST and r > 0.0):  # NaN compares False: not trusted
+                    return False
+            return True
+        ms, rs = mean.tolist(), rstd.tolist()
+        for _ in range(dim - 1):  # nested lists, flattened a level at a time (no Python frames)
+            ms, rs = list(_chain(ms)), list(_chain(rs))
+        for mu, r in zip(ms, rs):
+            if not (abs(mu * r) <= TRUST and r > 0.0):
+                return False
         return True
     m, r = mean.detach(), rstd.detach()
-    if _np is not None and m.device.type == "cpu":  # a few hundred values: numpy's loop beats torch's dispatch
+    if _np is not None and m.is_cpu:  # many slices: numpy's loop beats torch's dispatch
         mn, rn = m.numpy(), r.numpy()
         with _np.errstate(all="ignore"):  # 0 * inf (a constant slice with eps = 0) is NaN: untrusted, quietly
             return bool((_np.abs(mn) * rn).max() <= TRUST and rn.min() > 0)  # NaN compares False
@@ -62,11 +101,38 @@ def trusted(mean: Tensor, rstd: Tensor) -> bool:
     return bool(worst_t <= TRUST)
 
 
+def trusted_scale(rstd: Tensor) -> bool:
+    """Whether every ``rstd`` is positive and finite: RMSNorm's statistics, where no mean can cancel; what
+    fails is a slice whose squares overflow (``rstd`` 0) or that is all zeros with ``eps = 0`` (infinite)."""
+    n = rstd.numel()
+    if n == 0:
+        return True
+    if n <= _FEW and rstd.is_cpu:
+        rs = rstd.tolist()
+        for _ in range(rstd.dim() - 1):
+            rs = list(_chain(rs))
+        for r in rs:
+            if not 0.0 < r < _INF:  # NaN compares False
+                return False
+        return True
+    r = rstd.detach()
+    if _np is not None and r.is_cpu:
+        rn = r.numpy()
+        return bool(rn.min() > 0 and rn.max() < _INF)  # NaN compares False
+    return bool(((r > 0) & (r < _INF)).all())
+
+
 def layer_norm(x: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], bias: Optional[Tensor],
                eps: float) -> Optional[Tensor]:
     """``torch.native_layer_norm``'s output, or ``None`` where its statistics are not to be trusted."""
     y, mean, rstd = torch.native_layer_norm(x, shape, weight, bias, eps)
     return y if trusted(mean, rstd) else None
+
+
+def rms_norm(x: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], eps: float) -> Optional[Tensor]:
+    """``torch._fused_rms_norm``'s output, or ``None`` where a slice's rstd is zero or infinite."""
+    y, rstd = torch._fused_rms_norm(x, shape, weight, eps)  # only called where HAS_RMS_NORM
+    return y if trusted_scale(rstd) else None
 
 
 def group_norm(x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],

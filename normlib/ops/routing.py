@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import importlib.util
 import json
@@ -38,19 +39,26 @@ import torch
 from torch import Tensor
 
 from .._autocast import autocast_enabled
+from . import native
 
-__all__ = ["FUSED", "NATIVE", "REFERENCE", "PATHS", "OPS", "route", "force_path", "forced_path", "kernels_cover",
-           "kernels_run_on", "crossover_table", "HAS_TRITON"]
+__all__ = ["FUSED", "NATIVE", "REFERENCE", "PATHS", "OPS", "route", "plan", "force_path", "forced_path",
+           "kernels_cover", "kernels_run_on", "wants_grad", "crossover_table", "HAS_TRITON"]
 
 FUSED, NATIVE, REFERENCE = "fused", "native", "reference"
 PATHS = (FUSED, NATIVE, REFERENCE)
+# How the kernels are entered, decided with the path (see plan): as the custom operator while
+# torch.compile traces, through the autograd Function where a gradient is wanted, directly otherwise.
+FUSED_OP, FUSED_GRAD = "fused:op", "fused:grad"
+PLANS = (FUSED, FUSED_GRAD, FUSED_OP, NATIVE, REFERENCE)
+PATH_OF = {FUSED: FUSED, FUSED_GRAD: FUSED, FUSED_OP: FUSED, NATIVE: NATIVE, REFERENCE: REFERENCE}
 
 # The ops normlib routes ("batch_norm_eval": BatchNorm with its running statistics, which has its own
 # crossover), and which of them torch has a native op for whose statistics normlib can check
-# (torch's rms_norm returns none before 2.13: RMSNorm keeps the reference).
+# (RMSNorm where torch has _fused_rms_norm, which returns its rstd: see normlib.ops.native).
 OPS = ("layer_norm", "rms_norm", "group_norm", "batch_norm", "batch_norm_eval", "instance_norm")
 _ROW_OPS = ("layer_norm", "rms_norm")  # over the last dimension: what the kernels compute
-_HAS_NATIVE = ("layer_norm", "group_norm", "batch_norm", "batch_norm_eval", "instance_norm")
+_HAS_NATIVE = ("layer_norm", "group_norm", "batch_norm", "batch_norm_eval", "instance_norm") + (
+    ("rms_norm",) if native.HAS_RMS_NORM else ())
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -126,24 +134,7 @@ def kernels_cover(x: Tensor, residual: Optional[Tensor] = None) -> bool:
     float16/bfloat16/float32/float64 rows of at most 64 KiB (16384 float32
     or 32768 bfloat16 values), never empty.
     """
-    if x.dim() == 0 or x.dtype not in KERNEL_DTYPES:
-        return False
-    size = x.element_size()
-    if residual is not None:
-        if residual.dtype not in KERNEL_DTYPES or residual.device != x.device:
-            return False
-        size = max(size, residual.element_size())
-    N = x.shape[-1]
-    return 0 < N and N * size <= _ROW_BYTES
-
-
-def _transformed() -> bool:
-    """Whether a ``torch.func`` transform or a forward-mode AD level is active."""
-    return bool(torch._C._are_functorch_transforms_active()) or torch.autograd.forward_ad._current_level >= 0
-
-
-def _compiling() -> bool:
-    return bool(torch.compiler.is_compiling())
+    return _covered("layer_norm", x, residual, None, None, True)
 
 
 # ---- the crossover table -------------------------------------------------------------------------
@@ -161,7 +152,18 @@ def _load_table() -> dict:
             for dev, ops in data.get("routes", {}).items()}
 
 
-_TABLE = _load_table()
+def _bands(table: dict) -> dict:
+    """``{(device, op, grad): (lower bounds, paths)}``: the table as route reads it, one bisect a call."""
+    out = {}
+    for dev, ops in table.items():
+        for op, dirs in ops.items():
+            for key, bands in dirs.items():
+                if bands:
+                    out[(dev, op, key == "backward")] = (tuple(int(lo) for lo, _ in bands), tuple(p for _, p in bands))
+    return out
+
+
+_BANDS = _bands(_load_table())
 
 
 def crossover_table() -> dict:
@@ -171,19 +173,10 @@ def crossover_table() -> dict:
     call's element count names the path; ``"backward"`` applies to calls that
     record a graph for a gradient. Its provenance is in ``crossover.json``.
     """
-    return {dev: {op: {k: list(v) for k, v in dirs.items()} for op, dirs in ops.items()} for dev, ops in _TABLE.items()}
-
-
-def _from_table(device: str, op: str, numel: int, grad: bool) -> Optional[str]:
-    bands = _TABLE.get(device, {}).get(op, {}).get("backward" if grad else "forward")
-    if not bands:
-        return None
-    choice = bands[0][1]
-    for lo, path in bands:
-        if numel < lo:
-            break
-        choice = path
-    return choice
+    table: dict = {}
+    for (dev, op, grad), (los, paths) in _BANDS.items():
+        table.setdefault(dev, {}).setdefault(op, {})["backward" if grad else "forward"] = list(zip(los, paths))
+    return table
 
 
 # ---- the decision ----------------------------------------------------------------------------------
@@ -223,8 +216,11 @@ def compile_mode() -> str:
     return _COMPILE_MODE
 
 
-def _wants_grad(tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def wants_grad(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor]) -> bool:
+    """Whether autograd records this call: grad mode is on and a tensor given requires a gradient."""
+    return torch.is_grad_enabled() and (x.requires_grad or (residual is not None and residual.requires_grad)
+                                        or (weight is not None and weight.requires_grad)
+                                        or (bias is not None and bias.requires_grad))
 
 
 def route(
@@ -258,53 +254,134 @@ def route(
        compile mode ``"kernels"`` where they cover the call, else the
        reference, which the compiler fuses with its neighbours;
     4. CUDA: the kernels wherever they cover the call (row norms, kernel
-       dtypes, rows up to 64 KiB, γ in the input's dtype or float32), else the reference;
+       dtypes, rows up to 64 KiB, γ in the input's dtype or float32), else the
+       reference; where the crossover table has a ``cuda`` entry (measured on
+       a GPU), torch's op (checked) for the sizes it names;
     5. elsewhere: the crossover table for this device, op, grad mode and
        element count; without an entry, torch's native op where normlib has
        one, else the reference; under autocast, the reference (which follows
        torch's autocast policy op by op).
+
+    It is :func:`plan`'s answer without the way the kernels are entered.
     """
-    if _transformed() or torch._C._get_tracing_state() is not None:
+    return PATH_OF[plan(op, x, residual, weight, bias, rows=rows)]
+
+
+def plan(
+    op: str,
+    x: Tensor,
+    residual: Optional[Tensor] = None,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    *,
+    rows: bool = True,
+    autocast: Optional[bool] = None,
+    grad: Optional[bool] = None,
+) -> str:
+    """:func:`route`'s decision, with the way into the kernels decided too: one of ``PLANS``.
+
+    ``"fused:op"`` (the custom operator, while ``torch.compile`` traces),
+    ``"fused:grad"`` (the autograd Function, where a gradient is wanted),
+    ``"fused"`` (the kernels called directly), ``"native"`` or ``"reference"``.
+    Every normlib call asks this once and runs what it names; nothing below
+    decides again. ``autocast``: whether any autocast is on, where the caller
+    already asked (``None``: ask); ``grad``: whether a gradient is wanted, for
+    a caller that does not hand over its parameters (``None``: read it off
+    the tensors given).
+
+    The common calls (CPU and CUDA, nothing forced, nothing traced) are
+    decided in this one function, its helpers written out (:func:`wants_grad`,
+    :func:`_native_takes`, the crossover table's bands): each call into a
+    Python function costs about as much as the question it answers
+    (``tests/test_routing.py`` holds the written-out rule to
+    :func:`_native_takes`).
+    """
+    if (torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
+            or torch._C._get_tracing_state() is not None):
         return REFERENCE
-    forced = _FORCED
+    if _FORCED is not None or torch.compiler.is_compiling():
+        return _plan_forced_or_compiling(op, x, residual, weight, bias, rows, grad)
+    if grad is None:  # wants_grad
+        grad = torch.is_grad_enabled() and (x.requires_grad or (residual is not None and residual.requires_grad)
+                                            or (weight is not None and weight.requires_grad)
+                                            or (bias is not None and bias.requires_grad))
+    if x.is_cuda:
+        if not (HAS_TRITON and _covered(op, x, residual, weight, bias, rows)):
+            return REFERENCE
+        bands = _BANDS.get(("cuda", op, grad))  # measured on a GPU: small calls may be done sooner by torch's op
+        if bands is not None and bands[1][max(bisect.bisect_right(bands[0], x.numel()) - 1, 0)] == NATIVE \
+                and _native_takes(op, x, residual, weight):
+            return NATIVE
+        return FUSED_GRAD if grad else FUSED
+    numel = x.numel()
+    # _native_takes
+    if not (op in _HAS_NATIVE and x.is_cpu and x.dtype in _NATIVE_DTYPES and numel > 0
+            and (residual is None or residual.dtype in _NATIVE_DTYPES)
+            and (op != "rms_norm" or weight is None or weight.dtype == x.dtype)):
+        return REFERENCE
+    if autocast is None:
+        autocast = autocast_enabled("cpu")
+    if autocast:
+        return REFERENCE
+    bands = _BANDS.get(("cpu", op, grad))  # the last band whose lower bound is at most numel
+    if bands is None:
+        return NATIVE
+    if len(bands[1]) == 1:
+        return bands[1][0]
+    return bands[1][max(bisect.bisect_right(bands[0], numel) - 1, 0)]
+
+
+def _plan_forced_or_compiling(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
+                              bias: Optional[Tensor], rows: bool, grad: Optional[bool]) -> str:
+    """:func:`plan` inside :func:`force_path` or while ``torch.compile`` traces (rules 2 and 3 of :func:`route`)."""
+    forced, compiling = _FORCED, torch.compiler.is_compiling()
     if forced is not None:
         if forced == FUSED and _covered(op, x, residual, weight, bias, rows) and kernels_run_on(x):
-            return REFERENCE if _compiling() and _COMPILE_MODE == "reference" else FUSED
-        if forced == NATIVE and _native_takes(op, x, residual) and not _compiling():
+            if compiling:
+                return REFERENCE if _COMPILE_MODE == "reference" else FUSED_OP
+            wanted = wants_grad(x, residual, weight, bias) if grad is None else grad
+            return FUSED_GRAD if wanted else FUSED
+        if forced == NATIVE and _native_takes(op, x, residual, weight) and not compiling:
             return NATIVE
         return REFERENCE
-    if _compiling():
-        kernels = _COMPILE_MODE == "kernels" and kernels_run_on(x) and _covered(op, x, residual, weight, bias, rows)
-        return FUSED if kernels else REFERENCE
-    if x.is_cuda:
-        return FUSED if HAS_TRITON and _covered(op, x, residual, weight, bias, rows) else REFERENCE
-    if not _native_takes(op, x, residual) or autocast_enabled("cpu"):
-        return REFERENCE
-    grad = _wants_grad((x, residual, weight, bias))
-    return _from_table("cpu", op, x.numel(), grad) or NATIVE
+    kernels = _COMPILE_MODE == "kernels" and kernels_run_on(x) and _covered(op, x, residual, weight, bias, rows)
+    return FUSED_OP if kernels else REFERENCE
 
 
-def _native_takes(op: str, x: Tensor, residual: Optional[Tensor]) -> bool:
-    """Whether torch's op computes this call as normlib would: float32/float64 CPU tensors.
+def _native_takes(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor] = None) -> bool:
+    """Whether torch's op computes this call as normlib would: non-empty float32/float64 CPU tensors, or
+    CUDA tensors of the kernels' dtypes (where the crossover table sends small calls to torch's op).
 
     With float16/bfloat16 input torch's CPU LayerNorm returns γ's and β's
     gradients far less accurately than normlib's float32 accumulation
     (chapter 07 measures it: γ's gradient off by more than 1e-3, the
-    reference's by less than 1e-4), so those take the reference.
+    reference's by less than 1e-4), so those take the reference. RMSNorm
+    also needs γ in the input's dtype (torch's op would promote the output).
     """
-    return (op in _HAS_NATIVE and x.device.type == "cpu" and x.dtype in _NATIVE_DTYPES
+    if op not in _HAS_NATIVE or x.numel() == 0 or (op == "rms_norm" and weight is not None and weight.dtype != x.dtype):
+        return False
+    if x.is_cuda:
+        return x.dtype in KERNEL_DTYPES
+    return (x.is_cpu and x.dtype in _NATIVE_DTYPES
             and (residual is None or residual.dtype in _NATIVE_DTYPES))
 
 
 def _covered(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
              rows: bool) -> bool:
-    """Whether the kernels compute this call: a row norm, rows they hold, γ/β as they read them."""
-    return rows and op in _ROW_OPS and kernels_cover(x, residual) and _params_ok(x, weight, bias)
+    """Whether the kernels compute this call: a row norm, rows they hold, γ/β as they read them.
 
-
-def _params_ok(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> bool:
-    """γ/β as the kernels read them: of the input's dtype or float32, one value per element of a row."""
+    One function, not several: it runs on every CUDA call.
+    """
+    if not (rows and op in _ROW_OPS and x.dim() > 0 and x.dtype in KERNEL_DTYPES):
+        return False
+    size, N, device = x.element_size(), x.shape[-1], x.device
+    if residual is not None:
+        if residual.dtype not in KERNEL_DTYPES or residual.device != device:
+            return False
+        size = max(size, residual.element_size())
+    if not 0 < N * size <= _ROW_BYTES:
+        return False
     for t in (weight, bias):
-        if t is not None and (t.dtype not in (x.dtype, torch.float32) or t.dim() != 1 or t.device != x.device):
+        if t is not None and (t.dtype not in (x.dtype, torch.float32) or t.dim() != 1 or t.device != device):
             return False
     return True
