@@ -82,7 +82,7 @@ def test_the_package_reexports_the_gpu_benchmark():
     assert {"bytes_moved", "report", "plot", "targets"} <= set(benchmark.__all__)
 
 
-@pytest.mark.parametrize("module", ["gpu", "cpu", "model", "host", "crossover", "tune", "resources"])
+@pytest.mark.parametrize("module", ["gpu", "cpu", "model", "host", "crossover", "tune", "resources", "decode"])
 def test_every_instrument_has_a_command_line(module, capsys):
     mod = __import__(f"normlib.benchmark.{module}", fromlist=["main"])
     with pytest.raises(SystemExit) as exit:

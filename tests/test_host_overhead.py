@@ -29,7 +29,22 @@ def test_the_record_has_every_case_and_its_provenance(record):
     from normlib.benchmark import host
 
     assert set(record["cases"]) == set(host.CASES)
+    assert set(record["modules"]) == set(host.MODULE_CASES)
+    for case in record["modules"].values():
+        for kind in ("forward", "forward+backward"):
+            c = case[kind]
+            assert c["ratio_range"][0] <= c["ratio"] <= c["ratio_range"][1] and c["us"] > 0 and c["torch_us"] > 0
     assert {"cpu_model", "torch", "date", "threads"} <= set(record["provenance"])
+
+
+def test_a_layer_norm_call_passes_through_at_most_six_functions_on_cpu(record):
+    """From the module to torch's op: forward, the dispatch, the checks, the plan, the native op and its
+    trust check; nothing more (the record shows which)."""
+    from normlib.benchmark import host
+
+    stops = host.measure_stops()
+    assert stops["cpu"]["functions"] <= 6, stops["cpu"]["path"]
+    assert stops["fused"]["functions"] <= record["stops"]["fused"]["functions"], stops["fused"]["path"]
 
 
 @pytest.mark.parametrize("name", __import__("normlib.benchmark.host", fromlist=["CASES"]).CASES)

@@ -64,3 +64,21 @@ def test_norm_kernel_names():
     s = MB.summarize_norm_kernels({"_norm_fwd_kernel": dict(calls=3, us=30.0),
                                    "void at::native::vectorized_layer_norm_kernel<float>": dict(calls=5, us=20.0)}, 100.0)
     assert s["normlib_kernel_calls"] == 3 and s["share_of_gpu_time"] == 0.5
+
+
+def test_the_decoding_benchmark_runs_its_toy_model_on_cpu(tmp_path):
+    """``python -m normlib.benchmark.decode --device cpu``: the tool's own plumbing, end to end, on a toy Llama
+    (a GPU run measures the ~1B one); on CPU the swapped model runs its own forward, so the tokens agree."""
+    pytest.importorskip("transformers")
+    from normlib.benchmark import decode
+
+    out = tmp_path / "decode.json"
+    assert decode.main(["--device", "cpu", "--tokens", "3", "--rounds", "2", "--out", str(out)]) == 0
+    import json
+
+    data = json.loads(out.read_text())
+    assert data["same_tokens"] is True and data["tokens"] == 3 and "llama_rms_norm" in data["swapped"]
+    assert data["ratio_range"][0] <= data["ratio"] <= data["ratio_range"][1]
+    assert set(data["ms_per_token"]) == {"transformers", "swap_norms"}
+    with pytest.raises(SystemExit):
+        decode.main(["--device", "cpu", "--tokens", "0"])
