@@ -113,9 +113,7 @@ class _NormBase(_NormlibRepr, _tbn._NormBase):
         """
         if not (self.training and self.track_running_stats):
             return 0.0 if self.momentum is None else self.momentum
-        batches = self.num_batches_tracked
-        if batches is None:
-            _buffer(batches, "num_batches_tracked")  # raises, naming it
+        batches = _buffer(self.num_batches_tracked, "num_batches_tracked")
         batches.add_(1)  # a buffer: no graph is recorded (as torch.nn's BatchNorm counts)
         momentum = self.momentum
         return momentum if momentum is not None else momentum_for_step(None, batches)

@@ -297,3 +297,40 @@ def test_a_plan_names_the_way_into_the_kernels(monkeypatch):
         with torch.no_grad():
             assert routing.plan("layer_norm", x, weight=w) == routing.FUSED
         assert ops.route("layer_norm", x, weight=w) == "fused"
+
+
+def test_force_path_blocks_of_two_threads_may_end_in_any_order():
+    """Blocks that interleave across threads (A enters, B enters, A exits, B exits) leave nothing forced
+    afterwards; while any is open the innermost open one holds."""
+    import threading
+
+    order = []
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        with ops.force_path("reference"):
+            a_in.set()
+            b_in.wait(10)
+            order.append(("a exits", routing.forced_path()))
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with ops.force_path("native"):
+            b_in.set()
+            a_out.wait(10)
+            order.append(("b sees after a exits", routing.forced_path()))
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads)
+    assert order == [("a exits", "native"), ("b sees after a exits", "native")]
+    assert routing.forced_path() is None
+    with ops.force_path("reference"):
+        with ops.force_path("native"):
+            assert routing.forced_path() == "native"
+        assert routing.forced_path() == "reference"
+    assert routing.forced_path() is None

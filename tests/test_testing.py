@@ -520,3 +520,29 @@ def test_checkers_do_not_change_the_module_class_state():
 def test_exported_from_the_package():
     assert nl.testing is T
     assert {"check_layer_norm", "check_rms_norm", "check_group_norm", "check_batch_norm"} <= set(T.__all__)
+
+
+@pytest.mark.parametrize("checker", ["check_layer_norm", "check_rms_norm", "check_group_norm"])
+def test_a_checker_refuses_to_check_nothing_or_a_malformed_dtypes(checker):
+    """An empty ``dtypes`` would run no case and report "all passed"; a single dtype or a string is not a
+    sequence of them. Both are refused up front, naming the argument."""
+    import torch.nn.functional as TF
+
+    import normlib.testing as T
+
+    fn = {"check_layer_norm": TF.layer_norm, "check_rms_norm": TF.rms_norm, "check_group_norm": TF.group_norm}[checker]
+    with pytest.raises(ValueError, match="dtypes must name at least one dtype"):
+        getattr(T, checker)(fn, dtypes=[])
+    for bad in (torch.float32, "float32", {torch.float32}):
+        with pytest.raises(TypeError, match="dtypes must be a list or tuple"):
+            getattr(T, checker)(fn, dtypes=bad)
+
+
+def test_check_batch_norm_refuses_empty_or_malformed_ndims():
+    import normlib.testing as T
+
+    with pytest.raises(ValueError, match="ndims must name at least one layout"):
+        T.check_batch_norm(torch.nn.BatchNorm1d, ndims=[])
+    for bad in (2, "2", {2}):
+        with pytest.raises(TypeError, match="ndims must be a list or tuple"):
+            T.check_batch_norm(torch.nn.BatchNorm1d, ndims=bad)

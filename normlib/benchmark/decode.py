@@ -24,7 +24,7 @@ import copy
 import statistics
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -50,7 +50,8 @@ def build(device: str, dtype: torch.dtype):
                          num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
                          max_position_embeddings=2048)
     torch.manual_seed(0)
-    original = LlamaForCausalLM(config).to(device, dtype).eval()
+    original: Any = LlamaForCausalLM(config)  # transformers types .to() as its own wrapper's
+    original = original.to(device, dtype).eval()
     swapped = copy.deepcopy(original)
     report = swap_norms(swapped, warn=False)
     return original, swapped, report

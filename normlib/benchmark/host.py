@@ -302,8 +302,12 @@ def profile_cpu_call(rounds: int = 15, reps: int = 200) -> dict:
         "torch.nn: forward": lambda: t.forward(x),
         "torch.nn: F.layer_norm": lambda: TF.layer_norm(x, (64,), w, b, 1e-5),
     }
+    times: dict[str, list[float]] = {name: [] for name in stages}
     with torch.no_grad():
-        us = {name: _median_us(fn, rounds, reps) for name, fn in stages.items()}
+        for _ in range(rounds):  # every stage once a round: drift in the machine's speed touches all alike
+            for name, fn in stages.items():
+                times[name].append(fastest(fn, reps))
+    us = {name: 1e6 * statistics.median(t) for name, t in times.items()}
     own = {
         "Module.__call__": us["normlib: module call"] - us["normlib: forward"],
         "forward (reading the parameters)": us["normlib: forward"] - us["normlib: ops.dispatch.layer_norm"],

@@ -50,6 +50,11 @@ def fused(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias:
     directly, recording no graph. ``rounding`` selects another library's
     rounding order (see :mod:`normlib.ops.rounding`).
     """
+    # The kernels read γ and β with unit stride: a strided or expanded one is copied (differentiably) first.
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     if how == FUSED_OP:
         return _custom_ops.fused_norm(x, residual, weight, bias, eps, rms=rms, rounding=rounding)
     from . import _functions  # Triton is imported on first use only

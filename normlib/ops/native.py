@@ -137,7 +137,17 @@ def rms_norm(x: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], eps: f
 
 def group_norm(x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optional[Tensor],
                eps: float) -> Optional[Tensor]:
-    """``torch.native_group_norm``'s output for ``(N, C, *)`` input, or ``None``."""
+    """``torch.native_group_norm``'s output for ``(N, C, *)`` input, or ``None``.
+
+    torch's CPU kernel reads γ and β as contiguous whatever their strides (a strided or expanded γ gives
+    a plausible wrong answer) and refuses an input that is not contiguous in its own memory format, so
+    both are made so first (no copy where they already are).
+    """
+    if not (x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+            or (x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d))):
+        x = x.contiguous()
+    weight = None if weight is None else weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
     N, C = x.shape[:2]
     y, mean, rstd = torch.native_group_norm(x, weight, bias, N, C, x.numel() // max(N * C, 1), num_groups, eps)
     return y if trusted(mean, rstd) else None

@@ -32,6 +32,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import threading
 from pathlib import Path as _FilePath
 from typing import Iterator, Optional
 
@@ -75,7 +76,11 @@ def _triton_installed() -> bool:
 HAS_TRITON: bool = _triton_installed()
 
 # A module global, not a ContextVar: torch.compile reads a global (and guards on it), not a ContextVar.
+# It is always the path of the innermost block still open, kept in _OPEN under a lock: blocks of two
+# threads may end in any order and the global still ends as it began.
 _FORCED: Optional[str] = None
+_OPEN: list = []  # (token, path) of every open force_path block, oldest first
+_OPEN_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -88,7 +93,8 @@ def force_path(path: str) -> Iterator[None]:
     that have one; ``"reference"`` always runs :mod:`normlib.functional`. A
     call the forced path cannot compute takes the reference. For tests and
     for comparing implementations; nests, and holds for the whole process
-    while the block runs.
+    while the block runs (the innermost open block wins; blocks in several
+    threads may end in any order).
 
     Example:
         >>> with force_path("reference"):
@@ -98,11 +104,16 @@ def force_path(path: str) -> Iterator[None]:
     global _FORCED
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS} (got {path!r})")
-    old, _FORCED = _FORCED, path
+    token = object()
+    with _OPEN_LOCK:
+        _OPEN.append((token, path))
+        _FORCED = path
     try:
         yield
     finally:
-        _FORCED = old
+        with _OPEN_LOCK:
+            _OPEN[:] = [entry for entry in _OPEN if entry[0] is not token]
+            _FORCED = _OPEN[-1][1] if _OPEN else None
 
 
 def forced_path() -> Optional[str]:

@@ -151,9 +151,16 @@ def _constant_kappa(values: Sequence[float], eps: float) -> float:
 
 
 def _dtypes(dtypes, default):
+    """The dtypes a checker runs: ``None`` for its default, else a non-empty sequence of known dtypes."""
     if dtypes is None:
         return list(default)
+    if isinstance(dtypes, (torch.dtype, str)) or not isinstance(dtypes, (list, tuple)):
+        raise TypeError(f"dtypes must be a list or tuple of torch dtypes, e.g. (torch.float32,) "
+                        f"(got {type(dtypes).__name__} {dtypes!r})")
     out = list(dtypes)
+    if not out:
+        raise ValueError("dtypes must name at least one dtype (got an empty sequence): a check of nothing "
+                         "would pass anything")
     for d in out:
         if d not in _TOL:
             raise ValueError(f"dtypes may hold torch.float32, torch.float64 and torch.bfloat16 (got {d})")

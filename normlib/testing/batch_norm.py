@@ -238,6 +238,12 @@ class _Run:
 
     def layouts(self, ndims: Optional[Sequence[int]], report: CheckReport) -> list:
         """``ndims``, or (when probing) the layouts the module accepts, with a note for each it refuses."""
+        if ndims is not None and (isinstance(ndims, (int, str)) or not isinstance(ndims, (list, tuple))):
+            raise TypeError(f"ndims must be a list or tuple of ints from 2, 3 and 4, e.g. (2, 3) "
+                            f"(got {type(ndims).__name__} {ndims!r})")
+        if ndims is not None and not ndims:
+            raise ValueError("ndims must name at least one layout (got an empty sequence): a check of nothing "
+                             "would pass anything")
         candidates = list(ndims) if ndims is not None else [2, 3, 4]
         for nd in candidates:
             if nd not in _BN_LAYOUT:

@@ -1,0 +1,122 @@
+"""Every layout of input and parameters, on every path the route can take, computes what torch computes.
+
+Generated, not picked: each input layout (contiguous, transposed, strided slice, expanded along the batch,
+channels_last, a view at an offset) and each parameter layout (contiguous, a strided view, one value expanded
+to every channel, a view at an offset) is run through every module's functional on the default route and
+with each path forced, and compared with torch.nn.functional on contiguous copies of the same values.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as TF
+
+from normlib import ops
+from normlib.ops import dispatch
+from normlib.testing.tolerance import close
+
+
+def _input_layouts(shape):
+    """name -> a function of a contiguous tensor of ``shape`` that returns the same values in that layout
+    (differentiable: gradients reach the tensor it was given)."""
+    layouts = {
+        "contiguous": lambda t: t,
+        "transposed": lambda t: t.transpose(0, -1).contiguous().transpose(0, -1),
+        "strided": lambda t: torch.cat([t, torch.zeros_like(t)], dim=1)[:, :shape[1]],
+        "expanded": lambda t: t[:1].expand(shape),
+        "offset": lambda t: torch.cat([torch.zeros(3), t.reshape(-1)])[3:].view(shape),
+    }
+    if len(shape) == 4:
+        layouts["channels_last"] = lambda t: t.contiguous(memory_format=torch.channels_last)
+    return layouts
+
+
+PARAM_LAYOUTS = {
+    "contiguous": lambda t: t,
+    "strided": lambda t: torch.stack([torch.zeros_like(t), t, torch.zeros_like(t)], dim=1)[:, 1],
+    "expanded": lambda t: t[:1].expand(t.shape),
+    "offset": lambda t: torch.cat([torch.zeros(2), t])[2:],
+}
+
+
+def _values(shape, n):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(shape, generator=g), 1 + 0.5 * torch.randn(n, generator=g), 0.1 * torch.randn(n, generator=g)
+
+
+PATHS = [None, "native", "reference", "fused"]  # "fused": the kernels through Triton's interpreter where they cover the call
+
+
+def _cases():
+    # name, input shape, ours(x, w, b), theirs(x, w, b), parameter length from the shape
+    yield "layer_norm", (4, 3, 6), lambda x, w, b: dispatch.layer_norm(x, (6,), w, b, 1e-5), \
+        lambda x, w, b: TF.layer_norm(x, (6,), w, b, 1e-5), 6
+    yield "rms_norm", (4, 3, 6), lambda x, w, b: dispatch.rms_norm(x, (6,), w, 1e-5), \
+        lambda x, w, b: TF.rms_norm(x, (6,), w, 1e-5), 6
+    yield "group_norm", (4, 6, 3, 2), lambda x, w, b: dispatch.group_norm(x, 3, w, b, 1e-5), \
+        lambda x, w, b: TF.group_norm(x, 3, w, b, 1e-5), 6
+    yield "instance_norm", (4, 6, 3, 2), lambda x, w, b: dispatch.instance_norm(x, None, None, w, b, True, 0.1, 1e-5), \
+        lambda x, w, b: TF.instance_norm(x, None, None, w, b, True, 0.1, 1e-5), 6
+    yield "batch_norm", (4, 6, 3, 2), lambda x, w, b: dispatch.batch_norm(x, None, None, w, b, True, 0.1, 1e-5), \
+        lambda x, w, b: TF.batch_norm(x, None, None, w, b, True, 0.1, 1e-5), 6
+    stats = (torch.linspace(-1, 1, 6), torch.linspace(0.5, 2, 6))
+    yield "batch_norm_eval", (4, 6, 3, 2), \
+        lambda x, w, b: dispatch.batch_norm(x, stats[0], stats[1], w, b, False, 0.1, 1e-5), \
+        lambda x, w, b: TF.batch_norm(x, stats[0], stats[1], w, b, False, 0.1, 1e-5), 6
+
+
+CASES = {name: rest for name, *rest in _cases()}
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p or "route")
+@pytest.mark.parametrize("op", list(CASES))
+def test_every_layout_computes_what_torch_computes(op, path):
+    shape, ours, theirs, n = CASES[op]
+    x0, w0, b0 = _values(shape, n)
+    failures = []
+    for (xname, fx), (wname, fw), (bname, fb) in itertools.product(
+            _input_layouts(shape).items(), PARAM_LAYOUTS.items(), PARAM_LAYOUTS.items()):
+        if op == "rms_norm" and bname != "contiguous":
+            continue  # no bias
+        x, w, b = fx(x0), fw(w0), fb(b0)
+        want = theirs(x.contiguous(), w.contiguous(), b.contiguous())
+        with ops.force_path(path) if path else _nothing():
+            got = ours(x, w, b)
+        if got.shape != want.shape or not torch.allclose(got, want, **close(torch.float32)):
+            err = (got - want).abs().max().item() if got.shape == want.shape else "shape"
+            failures.append(f"input {xname}, weight {wname}, bias {bname}: off by {err}")
+    assert not failures, f"{op} on path {path or 'route'}:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p or "route")
+@pytest.mark.parametrize("op", [op for op in CASES if op != "batch_norm_eval"])
+def test_every_layout_has_torchs_gradients(op, path):
+    shape, ours, theirs, n = CASES[op]
+    values = _values(shape, n)
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    failures = []
+    for (xname, fx), (wname, fw) in itertools.product(_input_layouts(shape).items(), PARAM_LAYOUTS.items()):
+        grads = []
+        for fn, prep, ctx in ((ours, lambda t: t, ops.force_path(path) if path else _nothing()),
+                              (theirs, lambda t: t.contiguous(), _nothing())):
+            x0, w0, b0 = (v.clone().requires_grad_() for v in values)
+            with ctx:
+                y = fn(prep(fx(x0)), prep(fw(w0)), prep(PARAM_LAYOUTS["strided"](b0)))
+            y.backward(dy)
+            grads.append((x0.grad, w0.grad, b0.grad))
+        for name, a, e in zip(("input", "weight", "bias"), *grads):
+            if e is None and a is None:
+                continue
+            if a is None or e is None or not torch.allclose(a, e, **close(torch.float32, kappa=4)):
+                err = "missing" if a is None or e is None else (a - e).abs().max().item()
+                failures.append(f"input {xname}, weight {wname}: d{name} off by {err}")
+    assert not failures, f"{op} on path {path or 'route'}:\n" + "\n".join(failures)
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
