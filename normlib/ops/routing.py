@@ -302,10 +302,10 @@ def plan(
 
     The common calls (CPU and CUDA, nothing forced, nothing traced) are
     decided in this one function, its helpers written out (:func:`wants_grad`,
-    :func:`_native_takes`, the crossover table's bands): each call into a
+    ``_native_takes``, the crossover table's bands): each call into a
     Python function costs about as much as the question it answers
     (``tests/test_routing.py`` holds the written-out rule to
-    :func:`_native_takes`).
+    ``_native_takes``).
     """
     if (torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0
             or torch._C._get_tracing_state() is not None):
