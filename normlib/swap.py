@@ -334,12 +334,12 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
         raise TypeError(f"warn must be True or False (got {warn!r})")
     report = SwapReport()
     left: Counter[str] = Counter()
-    why_left: dict[str, str] = {}
+    why_left: dict[str, Counter[str]] = {}  # class name -> reason -> how many modules it left alone
     scripted, inside = _scripted(model)
     for m in scripted:
         name = f"{type(m).__module__}.{type(m).__qualname__}({m.original_name})"
         left[name] += 1
-        why_left[name] = _SCRIPTED
+        why_left.setdefault(name, Counter())[_SCRIPTED] += 1
     for module in model.modules():
         if id(module) in inside:
             continue
@@ -363,8 +363,9 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
             report.kinds[name] = ", ".join(sorted(kinds | {binding.kind}))
         elif _norm_like(module, why):
             left[name] += 1
-            why_left[name] = why
-    report.left = {n: (c, why_left[n]) for n, c in left.items()}
+            why_left.setdefault(name, Counter())[why] += 1
+    # one class may be left alone for several reasons (modules of it configured differently): every one is said
+    report.left = {n: (c, _reasons(why_left[n])) for n, c in left.items()}
     if warn and report.left:
         head = f"swap_norms left {sum(left.values())} norm-like module(s) alone; they run unchanged"
         if scripted:
@@ -372,6 +373,13 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
                     "swap the eager model before scripting or tracing it. " + head)
         warnings.warn(f"{head}:\n{report}", stacklevel=2)
     return report
+
+
+def _reasons(why: Counter) -> str:
+    """The reasons one class was left alone, each with its count where there is more than one reason."""
+    if len(why) == 1:
+        return next(iter(why))
+    return "; ".join(f"{n} of them: {reason}" for reason, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def unswap_norms(model: nn.Module) -> int:

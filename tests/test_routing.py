@@ -334,3 +334,23 @@ def test_force_path_blocks_of_two_threads_may_end_in_any_order():
             assert routing.forced_path() == "native"
         assert routing.forced_path() == "reference"
     assert routing.forced_path() is None
+
+
+@pytest.mark.parametrize("add", ["add_layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float64), (torch.float64, torch.float32)])
+def test_add_norm_with_a_residual_of_another_dtype_answers_on_every_path(add, dtypes):
+    """float32 x with a float64 residual (or the reverse), γ/β in x's dtype: the route may not decide
+    whether a valid call succeeds; every path answers as the reference does."""
+    xd, rd = dtypes
+    g = torch.Generator().manual_seed(0)
+    x, r = torch.randn(4, 8, generator=g, dtype=xd), torch.randn(4, 8, generator=g, dtype=rd)
+    w, b = torch.randn(8, generator=g, dtype=xd), torch.randn(8, generator=g, dtype=xd)
+    args = (x, r, w, b) if add == "add_layer_norm" else (x, r, w)
+    with ops.force_path("reference"):
+        want = getattr(ops, add)(*args)
+    for path in (None, "native", "reference"):
+        with ops.force_path(path) if path else torch.no_grad():
+            got = getattr(ops, add)(*args)
+        for a, e in zip(got, want):
+            assert a.dtype == e.dtype
+            torch.testing.assert_close(a, e, **close(xd))

@@ -491,3 +491,17 @@ def test_torch_export_of_a_swapped_model():
     x = torch.randn(2, 5, N)
     exported = torch.export.export(model, (x,))
     assert torch.equal(exported.module()(x), ref(x))
+
+
+def test_the_report_says_every_reason_one_class_was_left_alone(monkeypatch):
+    """Modules of one class left alone for different reasons: the report gives each reason with its count,
+    not the last one seen for all of them."""
+    from normlib import interop
+
+    model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.LayerNorm(4), torch.nn.LayerNorm(4))
+    reasons = iter(["reason A", "reason B", "reason A"])
+    monkeypatch.setattr(interop, "_bind", lambda module: (None, next(reasons))
+                        if isinstance(module, torch.nn.LayerNorm) else (None, ""))
+    report = nl.swap_norms(model, warn=False)
+    (count, why), = [v for k, v in report.left.items() if k.endswith("LayerNorm")]
+    assert count == 3 and why == "2 of them: reason A; 1 of them: reason B", why

@@ -327,7 +327,7 @@ def plan(
     numel = x.numel()
     # _native_takes
     if not (op in _HAS_NATIVE and x.is_cpu and x.dtype in _NATIVE_DTYPES and numel > 0
-            and (residual is None or residual.dtype in _NATIVE_DTYPES)
+            and (residual is None or residual.dtype == x.dtype)
             and (op != "rms_norm" or weight is None or weight.dtype == x.dtype)):
         return REFERENCE
     if autocast is None:
@@ -367,14 +367,16 @@ def _native_takes(op: str, x: Tensor, residual: Optional[Tensor], weight: Option
     gradients far less accurately than normlib's float32 accumulation
     (chapter 07 measures it: γ's gradient off by more than 1e-3, the
     reference's by less than 1e-4), so those take the reference. RMSNorm
-    also needs γ in the input's dtype (torch's op would promote the output).
+    also needs γ in the input's dtype (torch's op would promote the output),
+    and an add + norm a residual of the input's dtype: the sum, in the
+    residual's dtype, is what torch's op would normalize with γ/β of the
+    input's (torch refuses the mix, the reference computes it).
     """
     if op not in _HAS_NATIVE or x.numel() == 0 or (op == "rms_norm" and weight is not None and weight.dtype != x.dtype):
         return False
     if x.is_cuda:
         return x.dtype in KERNEL_DTYPES
-    return (x.is_cpu and x.dtype in _NATIVE_DTYPES
-            and (residual is None or residual.dtype in _NATIVE_DTYPES))
+    return x.is_cpu and x.dtype in _NATIVE_DTYPES and (residual is None or residual.dtype == x.dtype)
 
 
 def _covered(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],
