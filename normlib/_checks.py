@@ -195,7 +195,7 @@ def check_channels(x: torch.Tensor, what: str, min_dim: int = 2) -> int:
 
 _QUICK = True  # False: every call takes the full checks (tests/test_checks.py compares the two)
 _COMMON = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_MACHINE_EPS = {dt: torch.finfo(torch.float64 if dt == torch.float64 else torch.float32).eps for dt in _COMMON}
+_MACHINE_EPS = {dt: torch.finfo(acc_dtype(dt)).eps for dt in _COMMON}  # RMSNorm's eps=None, looked up
 _STRIDED = torch.strided
 _INF = math.inf
 

@@ -348,7 +348,7 @@ def _fwd_spec(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], b_dt
               rounding: Rounding) -> tuple[torch.dtype, torch.dtype, dict]:
     """``(accumulation dtype, output dtype, launch config)`` of a forward: what a call's dtypes and row size
     decide, worked out once per combination (a cached hit costs no Python frame)."""
-    element_size = torch.empty((), dtype=x_dtype).element_size()
+    element_size = x_dtype.itemsize
     w = None if w_dtype is None else torch.empty((0,), dtype=w_dtype)
     b = None if b_dtype is None else torch.empty((0,), dtype=b_dtype)
     return acc_dtype(x_dtype), rounding.out_dtype(x_dtype, w, b), fwd_config(N, element_size)
@@ -429,7 +429,7 @@ def _bwd_spec(N: int, dtype: torch.dtype, x_dtype: torch.dtype, is_rms: bool, ro
               device: torch.device) -> tuple:
     """``(accumulation dtype, the kernel's XDT, launch config, SM count)`` of a backward, worked out once per
     combination (a cached hit costs no Python frame)."""
-    element_size = torch.empty((), dtype=dtype).element_size()
+    element_size = dtype.itemsize
     xdt = _tl_dtype(x_dtype) if rounding.xhat == "input" else tl.float32
     return acc_dtype(dtype), xdt, bwd_config(N, element_size, is_rms), _sm_count(device)
 

@@ -86,8 +86,9 @@ def layer_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None,
     """
     if residual is not None:
         return add_norm(input, residual, weight, bias, eps, rms=False, normalized_shape=normalized_shape)
-    if any_autocast():  # _autocast, written out: the one question every call asks torch
-        ctx, amp, input, weight, bias = _autocast("layer_norm", input, weight, bias)
+    # _autocast written out, here and in the other hot entries: the one question every call asks torch
+    if any_autocast():
+        (ctx, input, weight, bias), amp = autocast_float32("layer_norm", input, weight, bias), None
     else:
         ctx, amp = _NO_AUTOCAST, False
     shape, eps = check_layer_norm_args(input, normalized_shape, weight, bias, eps)
@@ -111,7 +112,7 @@ def rms_norm(input: Tensor, normalized_shape, weight: Optional[Tensor] = None, e
     if residual is not None:
         return add_norm(input, residual, weight, None, eps, rms=True, normalized_shape=normalized_shape)
     if any_autocast():
-        ctx, amp, input, weight = _autocast("rms_norm", input, weight)
+        (ctx, input, weight), amp = autocast_float32("rms_norm", input, weight), None
     else:
         ctx, amp = _NO_AUTOCAST, False
     shape, eps = check_rms_norm_args(input, normalized_shape, weight, eps)
@@ -130,7 +131,7 @@ def group_norm(input: Tensor, num_groups: int, weight: Optional[Tensor] = None, 
                eps: float = 1e-5) -> Tensor:
     """:func:`normlib.functional.group_norm`, by the implementation the plan picks."""
     if any_autocast():
-        ctx, amp, input, weight, bias = _autocast("group_norm", input, weight, bias)
+        (ctx, input, weight, bias), amp = autocast_float32("group_norm", input, weight, bias), None
     else:
         ctx, amp = _NO_AUTOCAST, False
     G, eps = check_group_norm_args(input, num_groups, weight, bias, eps)
@@ -147,9 +148,9 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
                momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
     """:func:`normlib.functional.batch_norm`, by the implementation the plan picks."""
     if any_autocast():
-        ctx, amp, input, running_mean, running_var, weight, bias = _autocast(
+        (ctx, input, running_mean, running_var, weight, bias), amp = autocast_float32(
             "batch_norm", input, running_mean, running_var, weight, bias
-        )
+        ), None
     else:
         ctx, amp = _NO_AUTOCAST, False
     momentum, eps = check_batch_norm_args(input, running_mean, running_var, weight, bias, training, momentum, eps)

@@ -158,9 +158,7 @@ def _load_table() -> dict:
         data = json.loads(_TABLE_FILE.read_text())
     except (OSError, ValueError):  # an installation without it: torch's op wherever normlib has one
         return {}
-    return {dev: {op: {k: [(int(b), str(p)) for b, p in bands] for k, bands in dirs.items()}
-                  for op, dirs in ops.items()}
-            for dev, ops in data.get("routes", {}).items()}
+    return data.get("routes", {})
 
 
 def _bands(table: dict) -> dict:
@@ -170,8 +168,14 @@ def _bands(table: dict) -> dict:
         for op, dirs in ops.items():
             for key, bands in dirs.items():
                 if bands:
-                    out[(dev, op, key == "backward")] = (tuple(int(lo) for lo, _ in bands), tuple(p for _, p in bands))
+                    out[(dev, op, key == "backward")] = (tuple(int(lo) for lo, _ in bands), tuple(str(p) for _, p in bands))
     return out
+
+
+def _band_path(bands: tuple, numel: int) -> str:
+    """The path of the last band whose lower bound is at most ``numel`` (the first band below them all)."""
+    los, paths = bands
+    return paths[max(bisect.bisect_right(los, numel) - 1, 0)]
 
 
 _BANDS = _bands(_load_table())
@@ -320,8 +324,7 @@ def plan(
         if not (HAS_TRITON and _covered(op, x, residual, weight, bias, rows)):
             return REFERENCE
         bands = _BANDS.get(("cuda", op, grad))  # measured on a GPU: small calls may be done sooner by torch's op
-        if bands is not None and bands[1][max(bisect.bisect_right(bands[0], x.numel()) - 1, 0)] == NATIVE \
-                and _native_takes(op, x, residual, weight):
+        if bands is not None and _band_path(bands, x.numel()) == NATIVE and _native_takes(op, x, residual, weight):
             return NATIVE
         return FUSED_GRAD if grad else FUSED
     numel = x.numel()
@@ -334,12 +337,10 @@ def plan(
         autocast = autocast_enabled("cpu")
     if autocast:
         return REFERENCE
-    bands = _BANDS.get(("cpu", op, grad))  # the last band whose lower bound is at most numel
+    bands = _BANDS.get(("cpu", op, grad))
     if bands is None:
         return NATIVE
-    if len(bands[1]) == 1:
-        return bands[1][0]
-    return bands[1][max(bisect.bisect_right(bands[0], numel) - 1, 0)]
+    return bands[1][0] if len(bands[1]) == 1 else _band_path(bands, numel)  # one band: no lookup, no frame
 
 
 def _plan_forced_or_compiling(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor],
