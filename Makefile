@@ -117,13 +117,14 @@ test-torch-matrix: $(STAMP)
 
 # Every chapter twice: once as this machine runs it, once as another CPU would.
 # ATen picks its vector kernels by CPU (AVX-512 on many Intel and AMD Zen 4
-# machines, AVX2 on others), and reductions and matrix products round
-# differently between them and between thread counts; a stored output has to
-# hold on every x86-64 CPU, so the second pass forces ATen's portable kernels
-# and one thread (ATEN_CPU_CAPABILITY=default, OMP_NUM_THREADS=1). The two
-# passes run side by side under `make test`. Every capability this CPU offers
-# times one and two threads: book/_tools/stability.py (see the README).
-PORTABLE_CPU := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# machines, AVX2 on others), MKL picks the code path of its matrix products by
+# CPU and vendor, and reductions and matrix products round differently between
+# them and between thread counts; a stored output has to hold on every x86-64
+# CPU, so the second pass forces ATen's portable kernels, MKL's CPU-independent
+# code path and one thread (ATEN_CPU_CAPABILITY=default, MKL_CBWR=COMPATIBLE,
+# OMP_NUM_THREADS=1). The two passes run side by side under `make test`. Every
+# combination this CPU offers: book/_tools/stability.py (see the README).
+PORTABLE_CPU := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 test-notebooks: test-notebooks-here test-notebooks-portable
 

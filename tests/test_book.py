@@ -272,15 +272,30 @@ def test_stability_finds_a_line_that_depends_on_the_thread_count(tmp_path, capsy
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="threads 1\nsame\n")]
     path = tmp_path / "threads.ipynb"
     nbformat.write(nb, path)
-    assert stability.main(["--capabilities", "default", "--threads", "1", str(path)]) == 0
-    assert stability.main(["--capabilities", "default", "--threads", "1,2", str(path)]) == 1
+    assert stability.main(["--capabilities", "default", "--threads", "1", "--blas", "auto", str(path)]) == 0
+    assert stability.main(["--capabilities", "default", "--threads", "1,2", "--blas", "auto", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "default/2t  threads 2   <- differs" in out and "1 line(s) differ" in out
+    assert "default/2t/auto  threads 2   <- differs" in out and "1 line(s) differ" in out
     assert "'same'" not in out and "  same" not in out.split("1 line(s) differ")[-1]
+
+
+def test_stability_runs_mkls_code_paths(tmp_path, capsys):
+    """Each MKL code path runs with its own setting (and none leaks in from the caller's environment)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import os\nprint(os.environ.get('MKL_CBWR'))")]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="None\n")]
+    path = tmp_path / "blas.ipynb"
+    nbformat.write(nb, path)
+    assert stability.main(["--capabilities", "default", "--threads", "1", "--blas", "auto,avx2", str(path)]) == 0
+    assert stability.main(["--capabilities", "default", "--threads", "1", "--blas", "compatible", str(path)]) == 1
+    assert "default/1t/compatible  COMPATIBLE   <- differs" in capsys.readouterr().out
+    assert stability.distinct_blas({"avx2"}) == ["auto", "compatible"]
+    assert stability.distinct_blas({"avx2", "avx512f"}) == ["auto", "avx2", "compatible"]
 
 
 @pytest.mark.parametrize("argv, words", [
     (["--capabilities", "sse9"], "--capabilities"),
+    (["--blas", "openblas"], "--blas"),
     (["--threads", "0"], "--threads"),
     (["--threads", "two"], "--threads"),
     (["--jobs", "0"], "--jobs"),

@@ -2,20 +2,25 @@
 
     python book/_tools/stability.py book/05b_does_normalization_help.ipynb ...
     python book/_tools/stability.py --jobs 2 book/*.ipynb          # two executions at a time
-    python book/_tools/stability.py --capabilities default,avx2 --threads 1 book/01_layer_norm.ipynb
+    python book/_tools/stability.py --capabilities default,avx2 --threads 1 --blas auto book/01_layer_norm.ipynb
 
 nbval compares every stored output line with a fresh execution, and the
 stored outputs were made on one machine. Floating-point results depend on the
 vector kernels ATen picks for the CPU (``default``, ``avx2``, ``avx512``: how
-reductions and matrix products are split into lanes) and on the thread count
-(how a reduction is split between threads), so a line printed at too many
-digits passes where it was made and fails on the next machine.
+reductions are split into lanes), on the code path MKL picks for matrix
+products (by instruction set *and* vendor: an Intel and an AMD CPU with the
+same AVX-512 flags round a product differently) and on the thread count (how
+a reduction is split between threads), so a line printed at too many digits
+passes where it was made and fails on the next machine.
 
 This tool executes each chapter under every ATen CPU capability this CPU can
 run (``ATEN_CPU_CAPABILITY``; ``avx512`` only where the CPU has the AVX-512
-subsets ATen's kernels need) times one and two threads, each in a fresh
-kernel, and lists every output line that differs between those runs or from
-the stored output — the same lines nbval compares: cells tagged
+subsets ATen's kernels need) times one and two threads times MKL's code paths
+(``--blas``: ``auto``, MKL's own choice here; ``avx2``, the path of a CPU
+without AVX-512, ``MKL_ENABLE_INSTRUCTIONS=AVX2``, run where the CPU has
+AVX-512; ``compatible``, MKL's path that is the same on every x86-64 CPU,
+``MKL_CBWR=COMPATIBLE``), each in a fresh kernel, and lists every output line
+that differs between those runs or from the stored output — the same lines nbval compares: cells tagged
 ``nbval-ignore-output`` and figures are left out, and the sanitizing patterns
 of tests/nbval_sanitize.cfg are applied first. A chapter passes when every
 run prints what is stored. Exit status 0 when every chapter passes, 1 when a
@@ -47,6 +52,8 @@ sys.path.insert(0, str(HERE))
 from execute_notebooks import cpu  # noqa: E402 (the CPU model and its ISA flags, read once for both tools)
 
 CAPABILITIES = ("default", "avx2", "avx512")
+# MKL's code paths for matrix products, and the environment that selects each
+BLAS = {"auto": {}, "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, "compatible": {"MKL_CBWR": "COMPATIBLE"}}
 # The CPU flags ATen checks before it runs a capability's kernels (aten/src/ATen/cpu/Utils.cpp and
 # c10's cpuinfo checks): AVX2 with FMA; AVX-512 F, BW, VL and DQ.
 NEEDS = {"default": set(), "avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}
@@ -55,6 +62,11 @@ SKIPPED_MIME = ("image/",)  # figures: nbval does not compare them either (book/
 
 def runnable_capabilities(flags: set[str]) -> list[str]:
     return [c for c in CAPABILITIES if NEEDS[c] <= flags]
+
+
+def distinct_blas(flags: set[str]) -> list[str]:
+    """MKL's code paths that differ on this CPU: ``avx2`` only where MKL would otherwise use AVX-512."""
+    return [b for b in BLAS if b != "avx2" or "avx512f" in flags]
 
 
 def sanitizers() -> list[tuple[re.Pattern, str]]:
@@ -98,11 +110,12 @@ def compared_lines(nb: dict, subs) -> dict[int, list[str]]:
     return out
 
 
-def _execute_one(path: Path, capability: str, threads: int, dest: Path) -> tuple[float, str]:
-    """Execute ``path`` in a fresh process and kernel with the given ATen capability and thread count;
-    write the executed notebook to ``dest``. Returns (seconds, error text or '')."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads))
+def _execute_one(path: Path, capability: str, threads: int, blas: str, dest: Path) -> tuple[float, str]:
+    """Execute ``path`` in a fresh process and kernel with the given ATen capability, thread count and MKL
+    code path; write the executed notebook to ``dest``. Returns (seconds, error text or '')."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS")}
+    env.update(ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               **BLAS[blas])
     code = ("import sys, nbformat; sys.path.insert(0, sys.argv[3]); from execute_notebooks import run; "
             "nbformat.write(run(__import__('pathlib').Path(sys.argv[1])), sys.argv[2])")
     t0 = time.monotonic()
@@ -112,21 +125,21 @@ def _execute_one(path: Path, capability: str, threads: int, dest: Path) -> tuple
     return time.monotonic() - t0, err
 
 
-def check(paths: list[Path], configs: list[tuple[str, int]], jobs: int) -> int:
+def check(paths: list[Path], configs: list[tuple[str, int, str]], jobs: int) -> int:
     subs = sanitizers()
     status = 0
     with tempfile.TemporaryDirectory() as tmp:
-        work = [(p, cap, t, Path(tmp) / f"{p.stem}.{cap}.{t}.ipynb") for p in paths for cap, t in configs]
+        work = [(p, cap, t, b, Path(tmp) / f"{p.stem}.{cap}.{t}.{b}.ipynb") for p in paths for cap, t, b in configs]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             done = list(pool.map(lambda w: _execute_one(*w), work))
-        results = {(p, cap, t): (dest, secs, err) for (p, cap, t, dest), (secs, err) in zip(work, done)}
+        results = {(p, cap, t, b): (dest, secs, err) for (p, cap, t, b, dest), (secs, err) in zip(work, done)}
         for p in paths:
             stored = compared_lines(json.loads(p.read_text()), subs)
             runs: dict[str, dict[int, list[str]]] = {}
             print(f"\n{os.path.relpath(p)}")
-            for cap, t in configs:
-                dest, secs, err = results[(p, cap, t)]
-                name = f"{cap}/{t}t"
+            for cap, t, b in configs:
+                dest, secs, err = results[(p, cap, t, b)]
+                name = f"{cap}/{t}t/{b}"
                 if err:
                     print(f"  {name}: execution FAILED ({secs:.0f} s): {err}")
                     status = 1
@@ -143,10 +156,10 @@ def check(paths: list[Path], configs: list[tuple[str, int]], jobs: int) -> int:
                         continue
                     differing += 1
                     print(f"  cell {cell}, line {k + 1}:")
-                    print(f"    {'stored':>12}  {line}")
+                    print(f"    {'stored':>22}  {line}")
                     for name, o in others.items():
                         mark = "" if o == line else "   <- differs"
-                        print(f"    {name:>12}  {o}{mark}")
+                        print(f"    {name:>22}  {o}{mark}")
             if differing:
                 status = 1
             verdict = "every line the same in every run" if not differing else f"{differing} line(s) differ"
@@ -160,11 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capabilities", default=None,
                         help="comma-separated subset of default,avx2,avx512 (default: every one this CPU runs)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default: 1,2)")
+    parser.add_argument("--blas", default=None,
+                        help="comma-separated subset of auto,avx2,compatible: MKL's code paths (default: every one "
+                             "that differs on this CPU)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="executions at a time (default: 1)")
     args = parser.parse_args(argv)
 
     machine = cpu()
-    runnable = runnable_capabilities(set((machine["cpu_flags"] or "").split()))
+    flags = set((machine["cpu_flags"] or "").split())
+    runnable = runnable_capabilities(flags)
     if args.capabilities is None:
         capabilities = runnable
     else:
@@ -182,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         threads = []
     if not threads or min(threads) < 1:
         parser.error(f"--threads: expected comma-separated positive integers, got {args.threads!r}")
+    if args.blas is None:
+        blas = distinct_blas(flags)
+    else:
+        blas = [b.strip() for b in args.blas.split(",") if b.strip()]
+        if not blas or any(b not in BLAS for b in blas):
+            parser.error(f"--blas: expected a comma-separated subset of {','.join(BLAS)}, got {args.blas!r}")
     if args.jobs < 1:
         parser.error(f"--jobs: expected a positive integer, got {args.jobs}")
     bad = [str(p) for p in args.chapters if p.suffix != ".ipynb" or not p.is_file()]
@@ -191,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     lacking = [c for c in CAPABILITIES if c not in runnable]
     print(f"CPU: {machine['cpu'] or 'unknown'}; ATen capabilities run here: {', '.join(capabilities)}"
           + (f" (this CPU cannot run {', '.join(lacking)})" if lacking else "")
-          + f"; threads: {', '.join(map(str, threads))}")
-    configs = [(c, t) for c in capabilities for t in threads]
+          + f"; threads: {', '.join(map(str, threads))}; MKL code paths: {', '.join(blas)}")
+    configs = [(c, t, b) for c in capabilities for t in threads for b in blas]
     return check([p.resolve() for p in args.chapters], configs, args.jobs)
 
 
