@@ -20,19 +20,17 @@ from typing import Callable
 
 import torch
 
+from .._cli import write_text
+
 
 def write_json(data: dict, path: str, newline: bool = False) -> None:
-    """Write ``data`` to ``path`` (indent 1) through a temporary file, so that an interrupted run leaves the last whole record.
+    """Write ``data`` to ``path`` (indent 1) atomically (:func:`normlib._cli.write_text`), so that an
+    interrupted or failed write leaves the last whole record and nothing beside it.
 
     ``newline`` ends the file with a newline (the host-overhead and crossover
     records have one; the others do not).
     """
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        if newline:
-            f.write("\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=1) + ("\n" if newline else ""))
 
 
 def environment(device: str = "cuda") -> dict:

@@ -33,7 +33,6 @@ the load average before and after the run.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import statistics
@@ -44,6 +43,7 @@ from typing import Any, Callable, Optional, TypeVar
 import torch
 from torch import nn
 
+from .. import _cli
 from .. import batchnorm as _bn
 from .. import functional as nf
 from .. import normalization as _norm
@@ -412,24 +412,32 @@ def _plot(plt, data: dict, path: str):
     )
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
+    _cli.save_figure(fig, path)
     plt.close(fig)
     return path
 
 
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark --device cpu``."""
+    p = _cli.Parser(prog="python -m normlib.benchmark --device cpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=_cli.output_file((".json",)), default="cpu_benchmark.json",
+                   help="where to write the JSON record")
+    p.add_argument("--plot", type=_cli.output_file((".svg", ".png", ".pdf")), default=None,
+                   help="also draw the ratios into this figure (.svg, .png or .pdf)")
+    p.add_argument("--rounds", type=_cli.int_at_least(1), default=7, help="interleaved rounds per case (median taken)")
+    p.add_argument("--budget", type=_cli.positive_float(60.0), default=0.1,
+                   help="seconds per measurement (repetitions chosen to fill it; at most 60)")
+    p.add_argument("--cases", nargs="+", default=None, choices=[c.name for c in CASES], metavar="CASE",
+                   help="case names to run (default: all): " + ", ".join(repr(c.name) for c in CASES))
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidate")
+    p.add_argument("--no-bert", action="store_true", help="skip the small-BERT measurement")
+    p.add_argument("--scale", type=_cli.int_at_least(1), default=1, help="divide every batch size by this (quick runs)")
+    return p
+
+
 def main(argv: Optional[list] = None) -> int:
     """``python -m normlib.benchmark --device cpu [--out F.json] [--plot F.svg] [--rounds N] ...``."""
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark --device cpu", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="cpu_benchmark.json", help="where to write the JSON record")
-    parser.add_argument("--plot", default=None, help="also draw the ratios into this figure (.svg or .png)")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per case (median taken)")
-    parser.add_argument("--budget", type=float, default=0.1, help="seconds per measurement (repetitions chosen to fill it)")
-    parser.add_argument("--cases", nargs="+", default=None, help="case names to run (default: all)")
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidate")
-    parser.add_argument("--no-bert", action="store_true", help="skip the small-BERT measurement")
-    parser.add_argument("--scale", type=int, default=1, help="divide every batch size by this (quick runs)")
-    args = parser.parse_args(argv)
-
+    args = parser().parse_args(argv)
     cases = [c for c in CASES if args.cases is None or c.name in args.cases]
     if args.scale > 1:
         cases = [Case(c.name, (max(1, c.shape[0] // args.scale),) + tuple(c.shape[1:]), c.build, c.target) for c in cases]

@@ -27,14 +27,13 @@ stands (it is torch.nn's own computation).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from typing import Callable, Optional
 
 import torch
 
-from .. import ops
+from .. import _cli, ops
 from ..batchnorm import BatchNorm2d, InstanceNorm2d
 from ..normalization import GroupNorm, LayerNorm, RMSNorm
 from ._common import environment, fastest, provenance, reps_for, write_json
@@ -184,14 +183,17 @@ def _cuda_main(args) -> int:
     return 0
 
 
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark.crossover``."""
+    p = _cli.Parser(prog="python -m normlib.benchmark.crossover", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=_cli.output_file((".json",)), default="crossover.json", help="where to write the table")
+    p.add_argument("--rounds", type=_cli.int_at_least(1), default=7, help="interleaved rounds per size (median taken)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="whose routes to measure")
+    return p
+
+
 def main(argv: Optional[list] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.crossover", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="crossover.json")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1 (got {args.rounds})")
+    args = parser().parse_args(argv)
     if args.device == "cuda":
         return _cuda_main(args)
     data: dict = {"provenance": provenance(), "margin": MARGIN, "measured": {}, "routes": {"cpu": {}}}

@@ -19,7 +19,6 @@ same on a CPU (tiny sizes: the test of the tool itself).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import sys
@@ -28,6 +27,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import _cli
 from ._common import environment, provenance, write_json
 
 __all__ = ["SIZES", "build", "measure", "main"]
@@ -94,20 +94,22 @@ def measure(device: str = "cuda", tokens: int = 64, rounds: int = 5, batch: int 
     }
 
 
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark.decode``."""
+    p = _cli.Parser(prog="python -m normlib.benchmark.decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=_cli.output_file((".json",)), default="decode_benchmark.json",
+                   help="where to write the JSON record")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu runs a toy model")
+    p.add_argument("--tokens", type=_cli.int_at_least(1), default=64, help="tokens generated per round")
+    p.add_argument("--rounds", type=_cli.int_at_least(1), default=5, help="interleaved rounds (median taken)")
+    p.add_argument("--batch", type=_cli.int_at_least(1), default=1, help="sequences decoded at once")
+    return p
+
+
 def main(argv: Optional[list] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.decode", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="decode_benchmark.json")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=1)
-    args = parser.parse_args(argv)
-    for name in ("tokens", "rounds", "batch"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1 (got {getattr(args, name)})")
+    args = parser().parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("decode: no CUDA device here; nothing measured (--device cpu runs the toy model)", file=sys.stderr)
-        return 2
+        return _cli.fail("normlib.benchmark.decode", "no CUDA device here; nothing measured (--device cpu runs the toy model)")
     data = measure(args.device, args.tokens, args.rounds, args.batch)
     write_json(data, args.out, newline=True)
     ms = data["ms_per_token"]

@@ -30,7 +30,6 @@ produces numbers it did not measure.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import json
@@ -41,6 +40,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from .. import _cli
 from ._common import cuda_timer, environment, graph_timer, warm_up_gpu, write_json
 
 OPS = ("layer_norm", "rms_norm", "add_rms_norm")
@@ -459,8 +459,44 @@ def plot(data: dict, path: Optional[str] = None, dtype: str = "bf16", M: Optiona
     fig.suptitle(f"{dtype}, M={M}: {env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=9)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=150)
+        _cli.save_figure(fig, path, dpi=150)
     return fig
+
+
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark`` (the GPU benchmark)."""
+    p = _cli.Parser(prog="python -m normlib.benchmark", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (default): this GPU benchmark; cpu: normlib.benchmark.cpu, with its own options")
+    p.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
+    p.add_argument("--rows", nargs="+", type=_cli.int_at_least(1), default=list(ROWS), help="M, rows of each tensor")
+    p.add_argument("--widths", nargs="+", type=_cli.int_at_least(1), default=list(WIDTHS), help="N, the row width")
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    p.add_argument("--providers", nargs="+", default=None, choices=PROVIDERS + OPTIONAL_PROVIDERS,
+                   help="default: all of them, liger where Liger-Kernel is installed")
+    p.add_argument("--out", type=_cli.output_file((".json",)), default="benchmark.json",
+                   help="where to write the JSON record")
+    p.add_argument("--resume", action="store_true", help="add to --out what it lacks (same device and versions)")
+    p.add_argument("--plot", type=_cli.output_file((".png", ".svg", ".pdf")), default=None,
+                   help="also draw GB/s against N into this figure")
+    return p
+
+
+def _previous(path: str) -> Optional[dict]:
+    """The record ``--resume`` adds to, or None where there is none yet; ValueError if it is not one."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path!r} is not a JSON record of this benchmark ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("environment"), dict) or not isinstance(data.get("results"), list):
+        raise ValueError(f"{path!r} is not a record of this benchmark (no environment and results)")
+    missing = [k for k in _ENV_KEYS if k not in data["environment"]]
+    if missing:
+        raise ValueError(f"{path!r} is not a record of this benchmark (its environment lacks {', '.join(missing)})")
+    return data
 
 
 def main(argv=None) -> int:
@@ -469,52 +505,40 @@ def main(argv=None) -> int:
     ``--device cpu`` runs the CPU benchmark of the reference path instead
     (:mod:`normlib.benchmark.cpu`, which takes its own options).
     """
-    device = argparse.ArgumentParser(add_help=False)
+    device = _cli.Parser(prog="python -m normlib.benchmark", add_help=False)
     device.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    known, argv = device.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    known, rest = device.parse_known_args(sys.argv[1:] if argv is None else list(argv))
     if known.device == "cpu":
         from .cpu import main as cpu_main
 
-        return cpu_main(argv)
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda (default): this GPU benchmark; cpu: normlib.benchmark.cpu")
-    parser.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
-    parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
-    parser.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS))
-    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
-    parser.add_argument("--providers", nargs="+", default=None, choices=PROVIDERS + OPTIONAL_PROVIDERS,
-                        help="default: all of them, liger where Liger-Kernel is installed")
-    parser.add_argument("--out", default="benchmark.json", help="where to write the JSON record")
-    parser.add_argument("--resume", action="store_true", help="add to --out what it lacks (same device and versions)")
-    parser.add_argument("--plot", default=None, help="also draw GB/s against N into this PNG")
-    args = parser.parse_args(argv)
+        return cpu_main(rest)
+    p = parser()
+    args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
+    previous = None
+    if args.resume:
+        try:
+            previous = _previous(args.out)
+        except ValueError as e:
+            p.error(f"argument --resume: {e}")
     from normlib import ops
 
     if not torch.cuda.is_available():
-        print("normlib.benchmark: no CUDA GPU is available; it measures GPU memory bandwidth and "
-              "reports nothing it did not measure.", file=sys.stderr)
-        return 2
+        return _cli.fail("normlib.benchmark", "no CUDA GPU is available; it measures GPU memory bandwidth and "
+                         "reports nothing it did not measure.")
     if not ops.HAS_TRITON:
-        print("normlib.benchmark: Triton is not installed (pip install 'normlib[triton]').", file=sys.stderr)
-        return 2
+        return _cli.fail("normlib.benchmark", "Triton is not installed (pip install 'normlib[triton]').")
     providers, skipped = choose_providers(args.providers, args.ops)
     for line in skipped:
         print(f"normlib.benchmark: {line}", file=sys.stderr)
     if skipped and args.providers is not None:  # asked for by name: measuring without it would be another run
         return 2
-    previous = None
-    if args.resume and os.path.exists(args.out):
-        with open(args.out) as f:
-            previous = json.load(f)
     try:
         data = run(
             args.dtype, rows=args.rows, widths=args.widths, ops=args.ops, providers=providers,
             gpu_timer=graph_timer, previous=previous, save=lambda d: write_json(d, args.out),
         )
     except ValueError as err:
-        print(f"normlib.benchmark: {err}", file=sys.stderr)
-        return 2
+        return _cli.fail("normlib.benchmark", str(err))
     data["summary"] = {d: ratios(data, d) for d in sorted({r["dtype"] for r in data["results"]})}
     write_json(data, args.out)
     print(f"wrote {args.out}")
@@ -526,4 +550,3 @@ def main(argv=None) -> int:
         print(f"wrote {args.plot}")
     print(report(data, args.dtype[0]))
     return 0
-

@@ -33,7 +33,6 @@ it never runs a kernel.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -43,7 +42,7 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.nn.functional as TF
 
-from .. import ops
+from .. import _cli, ops
 from ..batchnorm import BatchNorm1d, BatchNorm2d
 from ..normalization import GroupNorm, LayerNorm, RMSNorm
 from ..ops import routing
@@ -419,16 +418,18 @@ def measure(rounds: int = 15, reps: int = 200) -> dict:
     return out
 
 
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark.host``."""
+    p = _cli.Parser(prog="python -m normlib.benchmark.host", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=_cli.output_file((".json",)), default="host_overhead.json",
+                   help="where to write the JSON record")
+    p.add_argument("--rounds", type=_cli.int_at_least(1), default=15, help="interleaved rounds (median taken)")
+    p.add_argument("--threads", type=_cli.int_at_least(1, 1024), default=1, help="torch's intra-op threads (default 1)")
+    return p
+
+
 def main(argv: Optional[list] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.host", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="host_overhead.json")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (default 1)")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1 (got {args.rounds})")
-    if args.threads < 1:
-        parser.error(f"--threads must be at least 1 (got {args.threads})")
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     data = measure(args.rounds)
     write_json(data, args.out, newline=True)

@@ -29,7 +29,6 @@ torch's layer/RMS-norm kernels) and their share of GPU time.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -39,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ops
+from .. import _cli, ops
 from ..normalization import LayerNorm, RMSNorm
 from ..transformer import TransformerBlock
 from ._common import environment, warm_up_gpu, write_json
@@ -306,7 +305,7 @@ def plot(data: dict, path: Optional[str] = None):
                  f"torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}", fontsize=8)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=150)
+        _cli.save_figure(fig, path, dpi=150)
     return fig
 
 
@@ -314,15 +313,21 @@ DEFAULT_CONFIG = dict(batch=16, seq_len=1024, d_model=768, n_layer=12, n_head=12
                       vocab_llama=32000, ffn_llama=2048)
 
 
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark.model``."""
+    p = _cli.Parser(prog="python -m normlib.benchmark.model", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=_cli.output_file((".json",)), default="model_benchmark.json",
+                   help="where to write the JSON record")
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    p.add_argument("--batch", type=_cli.int_at_least(1), default=DEFAULT_CONFIG["batch"], help="sequences per step")
+    p.add_argument("--rounds", type=_cli.int_at_least(1), default=6, help="interleaved rounds (median taken)")
+    p.add_argument("--hf-compile", action="store_true", help="also time torch.compile of the transformers models")
+    return p
+
+
 def main(argv=None) -> int:
     """The command line: ``python -m normlib.benchmark.model --help``."""
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="model_benchmark.json")
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    parser.add_argument("--batch", type=int, default=DEFAULT_CONFIG["batch"])
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--hf-compile", action="store_true", help="also time torch.compile of the transformers models")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("normlib.benchmark.model: no CUDA GPU is available; nothing is measured.", file=sys.stderr)
         return 2

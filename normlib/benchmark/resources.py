@@ -27,6 +27,8 @@ import sys
 import tempfile
 from typing import Optional
 
+from .. import _cli
+
 _PTR = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16", "fp64": "*fp64"}
 
 
@@ -116,13 +118,40 @@ def resources(arch: int, spec: str, fwd: Optional[dict] = None, bwd: Optional[di
 DEFAULT_SPECS = [f"bf16:fp32:layer:{n}" for n in (1024, 2048, 4096, 8192, 16384, 32768)]
 
 
+# compute capabilities ptxas assembles for (sm_XX)
+ARCHS = (75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121)
+_SPEC_FORM = "dtype:residual_dtype:kind:N"
+
+
+def parse_spec(text: str) -> str:
+    """A spec ``dtype:residual_dtype:kind:N``, checked: dtypes of the kernels, kind layer or rms, a row that fits."""
+    from ..ops.routing import MAX_ROW_BYTES
+
+    dt, rdt, kind, n = _cli.spec(_SPEC_FORM, (
+        _cli.one_of(tuple(_PTR)), _cli.one_of(("none",) + tuple(_PTR)), _cli.one_of(("layer", "rms")),
+        _cli.field_int(1)))(text)
+    widest = MAX_ROW_BYTES // (int(_PTR[dt][-2:]) // 8)
+    if n > widest:
+        raise argparse.ArgumentTypeError(f"{text!r}: the field N must be at most {widest} for {dt} "
+                                         f"(the kernels hold a row of up to {MAX_ROW_BYTES} bytes), got {n}")
+    return text
+
+
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark.resources``."""
+    p = _cli.Parser(prog="python -m normlib.benchmark.resources", description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", type=int, choices=ARCHS, default=90, metavar="ARCH",
+                   help="compute capability, e.g. 90 for H100, 80 for A100; one of " + ", ".join(map(str, ARCHS)))
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("specs", nargs="*", type=parse_spec, default=DEFAULT_SPECS,
+                   help=f"{_SPEC_FORM}: dtype and residual_dtype from {', '.join(_PTR)} (residual_dtype also none), "
+                        "kind layer or rms")
+    return p
+
+
 def main(argv=None) -> int:
     """The command line: ``python -m normlib.benchmark.resources --help``."""
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.resources", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100, 80 for A100")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("specs", nargs="*", default=DEFAULT_SPECS, help="dtype:residual_dtype:kind:N")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("normlib.benchmark.resources: run with TRITON_INTERPRET=0; the interpreter replaces the kernels "
               "with Python functions", file=sys.stderr)

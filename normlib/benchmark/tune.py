@@ -26,7 +26,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .. import _cli
 from ._common import graph_timer, warm_up_gpu, write_json
+from ..testing.tolerance import tolerance
 from .gpu import _TENSOR_PASSES, bytes_moved, copy_ms
 
 # (op, dtype, M, N) searched by default: both kinds, the widths of common models.
@@ -89,13 +91,13 @@ class Case:
 
 
 def _same(a, b) -> bool:
-    """Every output within 2 units of rounding of the default configuration's (reductions may be reordered)."""
+    """Every output within normlib's tolerance of the default configuration's (reductions may be reordered)."""
     for u, v in zip(a, b):
         if (u is None) != (v is None):
             return False
         if u is None:
             continue
-        tol = {torch.float32: 1e-4, torch.float64: 1e-10}.get(u.dtype, 2 * torch.finfo(u.dtype).eps)
+        tol = tolerance(u.dtype, n=u.shape[-1])
         if not torch.allclose(u.double(), v.double(), rtol=tol, atol=tol) or u.isnan().any():
             return False
     return True
@@ -207,24 +209,43 @@ def _load(path: str):
     return mod
 
 
+def _case(text: str) -> tuple:
+    """A ``--cases`` entry ``op:dtype:M:N``, checked (a row the kernels take)."""
+    from ..ops.routing import MAX_ROW_BYTES
+
+    op, dt, M, N = _cli.spec("op:dtype:M:N", (_cli.one_of(_OPS), _cli.one_of(tuple(DTYPES)), _cli.field_int(1),
+                                              _cli.field_int(1)))(text)
+    widest = MAX_ROW_BYTES // DTYPES[dt].itemsize
+    if N > widest:
+        raise argparse.ArgumentTypeError(f"{text!r}: the field N must be at most {widest} for {dt} "
+                                         f"(the kernels hold a row of up to {MAX_ROW_BYTES} bytes), got {N}")
+    return op, dt, M, N
+
+
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.benchmark.tune``."""
+    p = _cli.Parser(prog="python -m normlib.benchmark.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=_cli.output_file((".json",)), default="tune.json", help="where to write the JSON record")
+    p.add_argument("--baseline", type=_cli.input_file((".py",)), default=None,
+                   help="another _kernels.py whose default launch to time too")
+    p.add_argument("--cases", nargs="+", type=_case, default=None,
+                   help=f"op:dtype:M:N, op from {', '.join(_OPS)}, dtype from {', '.join(DTYPES)} "
+                        "(default: a built-in list)")
+    p.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    p.add_argument("--sweeps", type=_cli.int_at_least(1), default=2, help="coordinate-descent sweeps per case")
+    return p
+
+
 def main(argv=None) -> int:
     """The command line: ``python -m normlib.benchmark.tune --help``."""
-    parser = argparse.ArgumentParser(prog="python -m normlib.benchmark.tune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="tune.json")
-    parser.add_argument("--baseline", default=None, help="another _kernels.py whose default launch to time too")
-    parser.add_argument("--cases", nargs="*", default=None, help="op:dtype:M:N (default: a built-in list)")
-    parser.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
-    parser.add_argument("--sweeps", type=int, default=2, help="coordinate-descent sweeps per case")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if not torch.cuda.is_available():
-        print("normlib.benchmark.tune: needs a CUDA GPU", file=sys.stderr)
-        return 2
+        return _cli.fail("normlib.benchmark.tune", "needs a CUDA GPU")
     from normlib.ops import _kernels as K
 
     base = _load(args.baseline) if args.baseline else None
     warm_up_gpu()
-    cases = DEFAULT_CASES if not args.cases else [
-        (op, dt, int(m), int(n)) for op, dt, m, n in (c.split(":") for c in args.cases)]
+    cases = args.cases or DEFAULT_CASES
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": [], "summary": []}
     import triton
 

@@ -45,6 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _cli
 from ..distributed import DistributedDataParallel, SyncBatchNorm
 
 __all__ = [
@@ -371,25 +372,27 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser() -> _cli.Parser:
+    """The command line of ``python -m normlib.examples.sync_bn``."""
+    p = _cli.Parser(
         prog="python -m normlib.examples.sync_bn",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--nproc", type=int, default=2, help="processes to spawn (ignored under torchrun)")
-    p.add_argument("--per-rank", type=int, default=4, help="samples per process per step")
-    p.add_argument("--steps", type=int, default=10, help="float64 training steps compared")
-    p.add_argument("--time-steps", type=int, default=20, help="timed steps of each kind (0: no timing)")
-    p.add_argument("--time-batch", type=int, default=32, help="samples per process in the timed steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up")
-    p.add_argument("--json", metavar="PATH", help="also write rank 0's results here")
+    p.add_argument("--nproc", type=_cli.int_at_least(1, 64), default=2, help="processes to spawn (ignored under torchrun)")
+    p.add_argument("--per-rank", type=_cli.int_at_least(1), default=4, help="samples per process per step")
+    p.add_argument("--steps", type=_cli.int_at_least(1), default=10, help="float64 training steps compared")
+    p.add_argument("--time-steps", type=_cli.int_at_least(0), default=20, help="timed steps of each kind (0: no timing)")
+    p.add_argument("--time-batch", type=_cli.int_at_least(1), default=32, help="samples per process in the timed steps")
+    p.add_argument("--seed", type=_cli.int_at_least(0, 2**32 - 1), default=0, help="seed of the data and the weights")
+    p.add_argument("--timeout", type=_cli.positive_float(), default=300.0, help="seconds before giving up")
+    p.add_argument("--json", metavar="PATH", type=_cli.output_file((".json",)),
+                   help="also write rank 0's results here (checked before any process starts)")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     cfg = {k: getattr(args, k) for k in ("per_rank", "steps", "time_steps", "time_batch", "seed")}
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         torch.set_num_threads(1)
@@ -408,8 +411,7 @@ def main(argv: list[str] | None = None) -> dict:
         res = spawn(sync_bn.run, args.nproc, (cfg,), timeout=args.timeout)[0]
     print(report(res))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        _cli.write_text(args.json, json.dumps(res, indent=1))
     return res
 
 

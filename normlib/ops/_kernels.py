@@ -29,9 +29,6 @@ import triton.language as tl
 from ..numerics import acc_dtype
 from .rounding import TORCH, Rounding
 
-# Largest row handled in one pass: 64 KiB of input per row.
-MAX_ROW_BYTES = 64 * 1024
-
 
 @triton.jit
 def _add_pair(a0, b0, a1, b1):

@@ -63,7 +63,7 @@ _HAS_NATIVE = ("layer_norm", "group_norm", "batch_norm", "batch_norm_eval", "ins
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_ROW_BYTES = 64 * 1024  # the kernels hold one row in registers/shared memory
+MAX_ROW_BYTES = 64 * 1024  # the widest row the kernels take: they hold one row in registers/shared memory
 
 
 def _triton_installed() -> bool:
@@ -393,7 +393,7 @@ def _covered(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Te
         if residual.dtype not in KERNEL_DTYPES or residual.device != device:
             return False
         size = max(size, residual.element_size())
-    if not 0 < N * size <= _ROW_BYTES:
+    if not 0 < N * size <= MAX_ROW_BYTES:
         return False
     for t in (weight, bias):
         if t is not None and (t.dtype not in (x.dtype, torch.float32) or t.dim() != 1 or t.device != device):
