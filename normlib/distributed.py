@@ -60,7 +60,7 @@ from torch.autograd.function import once_differentiable
 from . import functional as F
 from ._checks import _check_channel_norm_args, check_float_tensor
 from .batchnorm import _buffer, _NormBase
-from .numerics import acc_dtype, centre, channel_view, momentum_for_step, numel, sum_of_squares, update_running
+from .numerics import acc_dtype, centre, for_backward, channel_view, momentum_for_step, numel, sum_of_squares, update_running
 
 __all__ = [
     "SyncBatchNorm",
@@ -462,7 +462,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             y = y * channel_view(weight.to(acc), input.dim())
         if bias is not None:
             y = y + channel_view(bias.to(acc), input.dim())
-        ctx.save_for_backward(input, weight, channel_view(x0, input.dim()), mean_shift, rstd)
+        ctx.save_for_backward(*for_backward(input, weight, channel_view(x0, input.dim()), mean_shift, rstd))
         ctx.n = n
         ctx.group = group
         ctx.timeout, ctx.step, ctx.label = timeout, step, label

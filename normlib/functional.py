@@ -48,6 +48,7 @@ from torch import Tensor
 
 from ._autocast import autocast_float32
 from .numerics import (
+    for_backward,
     acc_dtype as _acc_dtype,
     channel_view as _channel_view,
     numel as _numel,
@@ -402,7 +403,7 @@ class _LayerNorm(torch.autograd.Function):
         _, shifted_mean, rstd = output
         ctx.mark_non_differentiable(shifted_mean, rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*_LayerNorm._saved(inputs, output))
+        ctx.save_for_backward(*for_backward(*_LayerNorm._saved(inputs, output)))
         ctx.shape, ctx.eps = shape, eps
         ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -574,7 +575,7 @@ class _RMSNorm(torch.autograd.Function):
         _, rrms = output
         ctx.mark_non_differentiable(rrms)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*_RMSNorm._saved(inputs, output))
+        ctx.save_for_backward(*for_backward(*_RMSNorm._saved(inputs, output)))
         ctx.shape, ctx.eps = shape, eps
 
     @staticmethod
@@ -756,7 +757,7 @@ class _BatchNormTrain(torch.autograd.Function):
         _, mean, var, shifted_mean, rstd = output
         ctx.mark_non_differentiable(mean, var, shifted_mean, rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*_BatchNormTrain._saved(inputs, output))
+        ctx.save_for_backward(*for_backward(*_BatchNormTrain._saved(inputs, output)))
         ctx.eps = eps
         ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -828,7 +829,7 @@ class _BatchNormEval(torch.autograd.Function):
         _, rstd = output
         ctx.mark_non_differentiable(rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*_BatchNormEval._saved(inputs, output))
+        ctx.save_for_backward(*for_backward(*_BatchNormEval._saved(inputs, output)))
         ctx.bias_dtype = None if bias is None else bias.dtype
 
     @staticmethod
@@ -1040,7 +1041,7 @@ class _GroupNorm(torch.autograd.Function):
         _, mean, var, shifted_mean, rstd = output
         ctx.mark_non_differentiable(mean, var, shifted_mean, rstd)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*_GroupNorm._saved(inputs, output))
+        ctx.save_for_backward(*for_backward(*_GroupNorm._saved(inputs, output)))
         ctx.G, ctx.eps = G, eps
         ctx.bias_dtype = None if bias is None else bias.dtype
 

@@ -189,3 +189,14 @@ def momentum_for_step(momentum: Optional[float], batches: Union[int, Tensor], un
         (0.1, 0.25, 0.25)
     """
     return 1.0 / (float(batches) + uncounted) if momentum is None else momentum
+
+
+def for_backward(*tensors: Optional[Tensor]) -> tuple:
+    """``tensors`` as an autograd Function may save them for its backward.
+
+    A tensor made under ``torch.inference_mode`` cannot be saved ("Inference
+    tensors cannot be saved for backward"), yet torch's own norms train on one
+    (e.g. a batch created under inference mode, with trainable γ): such a
+    tensor is copied to a normal one. Every other tensor is kept as it is.
+    """
+    return tuple(t.clone() if t is not None and t.is_inference() else t for t in tensors)

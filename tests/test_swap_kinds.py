@@ -25,6 +25,7 @@ import normlib as nl
 from normlib import interop
 
 from _helpers import assert_no_worse
+from normlib.testing.tolerance import tolerance
 
 transformers = pytest.importorskip("transformers")
 
@@ -208,3 +209,109 @@ def test_gemma3n_with_and_without_scale_bind_to_their_gamma():
         return
     assert type(without)._normlib_binding.weight is None  # 5.x: none, and its forward skips it
     assert type(with_scale) is not type(without)  # one swapped class per class and binding
+
+
+# ---- the rounding order in 16 bits ---------------------------------------------------------------------
+#
+# Two correct computations of one order differ only where their float32 statistics, a few units of rounding
+# apart, straddle a rounding boundary of the 16-bit output: a small fraction of the elements, by one unit in
+# the last place. Another order differs on a large fraction (a quarter to a third of them: chapter 05d) and by
+# up to two units. So: at most MISMATCH of the elements may differ, each by at most one unit.
+MISMATCH = 0.02
+HALF_DTYPES = {
+    "float16": (torch.float16, torch.float16),
+    "bfloat16": (torch.bfloat16, torch.bfloat16),
+    "float16-input-float32-weights": (torch.float16, torch.float32),
+    "bfloat16-input-float32-weights": (torch.bfloat16, torch.float32),
+}
+
+
+def _input_16(rank, dtype):
+    g = torch.Generator().manual_seed(3)
+    shape = (6, 8, N) if rank == 3 else (4, N, 4, 3)  # more elements than _input: a fraction means something
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 1).to(dtype)
+
+
+def _same_rounding(got, want, what, x_dtype):
+    """``got`` rounds as ``want``: in a 16-bit output, at most MISMATCH of the elements differ, by one unit in
+    the last place. A float32 output (γ in float32, for the kinds that return γ's dtype) was rounded to 16 bits
+    only inside (x̂, say): there an element counts as differing where it is further apart than two float32
+    results may be, and no element may be off by more than a few units of the input's 16-bit dtype."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    g, w = got.detach().double(), want.detach().double()
+    off = (g - w).abs()
+    if want.dtype in (torch.float16, torch.bfloat16):
+        ulp = (torch.nextafter(want.abs(), torch.full_like(want, float("inf"))) - want.abs()).double()
+        assert bool((off <= ulp).all()), f"{what}: off by more than one unit in the last place"
+        differs = off > 0
+    else:
+        assert bool((off <= 4 * torch.finfo(x_dtype).eps * (w.abs() + 1)).all()), f"{what}: off by more than rounding"
+        differs = off > tolerance(want.dtype) * (w.abs() + 1)
+    share = differs.double().mean().item()
+    assert share <= MISMATCH, f"{what}: {share:.1%} of the elements rounded differently"
+
+
+def _original_16(make, p_dtype, rank, x_dtype):
+    original = _norm(make, p_dtype)
+    x = _input_16(rank, x_dtype)
+    try:
+        with torch.no_grad():
+            return original, x, original(x)
+    except RuntimeError as e:
+        pytest.skip(f"{make} does not run in {x_dtype} on CPU: {e}")
+
+
+@pytest.mark.parametrize("dtypes", list(HALF_DTYPES), ids=str)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_fused_rounding_order_is_the_originals_in_16_bits(monkeypatch, case, dtypes):
+    """The order each kind hands the kernels, computed in PyTorch ops (the kernels' twin, which rounds to
+    nearest as the GPU does), rounds as the original class does, in float16 and bfloat16."""
+    from normlib.ops import _twin, dispatch
+    from normlib.ops.rounding import TORCH
+
+    name, kind, make, rank = case
+    x_dtype, p_dtype = HALF_DTYPES[dtypes]
+    original, x, want = _original_16(make, p_dtype, rank, x_dtype)
+    swapped = copy.deepcopy(original)
+    nl.swap_norms(swapped, warn=False)
+    seen = []
+
+    def twin(x, residual, weight, bias, eps, *, rms, rounding=TORCH, how="fused"):
+        seen.append(rounding)
+        return _twin.forward(x, residual, weight, bias, eps, rms, rounding)[:2]
+
+    monkeypatch.setattr(dispatch, "fused", twin)
+    with torch.no_grad(), nl.ops.force_path("fused"):
+        got = interop.KINDS[kind].fused("fused", x, *_params(swapped, kind), _eps(swapped), swapped)
+    if got is None:
+        pytest.skip(f"{name}: the kernels do not take {dtypes}")
+    assert seen, "the kind's fused forward did not reach the kernels"
+    _same_rounding(got, want, f"{name} in {dtypes} ({seen[0].name} order)", x_dtype)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtypes", ["float16", "float16-input-float32-weights"], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_kernels_round_as_the_original_in_float16(kernels_on_cpu, case, dtypes):
+    """Through the kernels themselves (Triton's interpreter rounds float16 to nearest, as the GPU does;
+    its bfloat16 stores truncate, so bfloat16 is the twin's test above)."""
+    name, kind, make, rank = case
+    x_dtype, p_dtype = HALF_DTYPES[dtypes]
+    original, x, want = _original_16(make, p_dtype, rank, x_dtype)
+    swapped = copy.deepcopy(original)
+    nl.swap_norms(swapped, warn=False)
+    kernels_on_cpu()
+    assert interop.fused(type(swapped)._normlib_binding, swapped, x) is not None  # the kernels do take it
+    with torch.no_grad():
+        got = swapped(x)
+    _same_rounding(got, want, f"{name} in {dtypes} through the kernels", x_dtype)
+
+
+def _params(module, kind):
+    b = type(module)._normlib_binding
+    return tuple(getattr(module, n) if n is not None else None for n in (b.weight, b.bias))
+
+
+def _eps(module):
+    b = type(module)._normlib_binding
+    return getattr(module, b.eps) if isinstance(b.eps, str) else b.eps

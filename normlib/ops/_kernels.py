@@ -61,6 +61,7 @@ def _norm_fwd_kernel(
     ROWS: tl.constexpr,  # rows per program: a (ROWS, BLOCK_N) tile
     W_PLUS_ONE: tl.constexpr = False,  # scale by 1 + γ (Gemma) instead of γ
     ROUND_XHAT: tl.constexpr = 0,  # round x̂ before scaling: 0 no, 1 to X's dtype (Llama), 2 to W's (T5)
+    ROUND_PRODUCT: tl.constexpr = False,  # round γ · x̂ to X's dtype before + β (DeBERTa, γ in X's 16-bit dtype)
 ):
     acc_dtype = tl.float64 if ACC_FP64 else tl.float32
     # int64 offsets: M * N may exceed 2**31
@@ -105,6 +106,8 @@ def _norm_fwd_kernel(
         if W_PLUS_ONE:
             w = w + 1.0
         y = y * w[None, :]
+        if ROUND_PRODUCT:
+            y = y.to(X.dtype.element_ty).to(acc_dtype)
     if HAS_B:
         y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(acc_dtype)[None, :]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -342,13 +345,18 @@ def _tl_dtype(dtype: torch.dtype):
 
 @functools.lru_cache(maxsize=1024)
 def _fwd_spec(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], b_dtype: Optional[torch.dtype],
-              rounding: Rounding) -> tuple[torch.dtype, torch.dtype, dict]:
-    """``(accumulation dtype, output dtype, launch config)`` of a forward: what a call's dtypes and row size
-    decide, worked out once per combination (a cached hit costs no Python frame)."""
+              rounding: Rounding) -> tuple[torch.dtype, torch.dtype, dict, bool]:
+    """``(accumulation dtype, output dtype, launch config, round γ·x̂ apart)`` of a forward: what a call's
+    dtypes and row size decide, worked out once per combination (a cached hit costs no Python frame)."""
     element_size = x_dtype.itemsize
     w = None if w_dtype is None else torch.empty((0,), dtype=w_dtype)
     b = None if b_dtype is None else torch.empty((0,), dtype=b_dtype)
-    return acc_dtype(x_dtype), rounding.out_dtype(x_dtype, w, b), fwd_config(N, element_size)
+    acc = acc_dtype(x_dtype)
+    product = rounding.product_dtype(x_dtype, w)
+    # the kernel rounds γ · x̂ to X's dtype: the product's dtype is either that or the accumulation dtype
+    if product is not None and product not in (x_dtype, acc):
+        raise ValueError(f"the kernels cannot round γ · x̂ to {product} (input {x_dtype}, γ {w_dtype})")
+    return acc, rounding.out_dtype(x_dtype, w, b), fwd_config(N, element_size), product is not None and product != acc
 
 
 def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] = None, strides=None,
@@ -370,8 +378,8 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] =
     if strides is None:
         strides = (row_stride(x, N), row_stride(residual, N) if residual is not None else 0)
     sx, sr = strides
-    acc, out_dtype, cfg = _fwd_spec(N, x.dtype, None if weight is None else weight.dtype,
-                                    None if bias is None else bias.dtype, rounding)
+    acc, out_dtype, cfg, round_product = _fwd_spec(N, x.dtype, None if weight is None else weight.dtype,
+                                                   None if bias is None else bias.dtype, rounding)
     if config:
         cfg = fwd_config(N, x.element_size(), **config)
     device = x.device
@@ -409,6 +417,7 @@ def norm_fwd(x, residual, weight, bias, eps, is_rms, *, config: Optional[dict] =
         ROWS=cfg["rows"],
         W_PLUS_ONE=rounding.weight_plus_one,
         ROUND_XHAT=rounding.xhat_code,
+        ROUND_PRODUCT=round_product,
         num_warps=cfg["num_warps"],
     )
     return y, res_out, mean, rstd

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..numerics import acc_dtype
+from ..numerics import acc_dtype, for_backward
 from .rounding import Rounding, round_xhat
 
 __all__ = ["forward", "backward", "row_stats", "save", "differentiable_backward"]
@@ -75,6 +75,9 @@ def forward(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bia
     w = _gamma(weight, acc, rounding)
     if w is not None:
         y = y * w
+        product = rounding.product_dtype(x.dtype, weight)
+        if product is not None:  # γ · x̂ rounded on its own (DeBERTa), then + β
+            y = y.to(product).to(acc)
     if bias is not None:
         y = y + bias.to(acc)
     y = y.to(rounding.out_dtype(x.dtype, weight, bias)).reshape(x.shape)
@@ -117,7 +120,13 @@ def save(ctx, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], b
     was added, else ``x``), γ, ``mean`` and ``rstd``; plain attributes: the
     dtypes the gradients must have, ``eps``, the norm and its rounding.
     """
-    ctx.save_for_backward(res_out if residual is not None else x, weight, mean, rstd)
+    normalized = res_out if residual is not None else x
+    # Only a tensor that needs no gradient can have been made under inference mode (and cannot be saved as
+    # it is); asked through requires_grad first, an attribute: a call with gradients pays no extra call.
+    if (not normalized.requires_grad and normalized.is_inference()) or (
+            weight is not None and not weight.requires_grad and weight.is_inference()):
+        normalized, weight = for_backward(normalized, weight)
+    ctx.save_for_backward(normalized, weight, mean, rstd)
     ctx.eps, ctx.rms, ctx.rounding = eps, rms, rounding
     ctx.x_dtype = x.dtype
     ctx.residual_dtype = residual.dtype if residual is not None else None

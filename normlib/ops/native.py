@@ -122,15 +122,32 @@ def trusted_scale(rstd: Tensor) -> bool:
     return bool(((r > 0) & (r < _INF)).all())
 
 
+def _saveable(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
+    """An inference tensor ``x`` (made under ``torch.inference_mode``), copied where γ or β will want a gradient.
+
+    torch's ops save their input for the backward, which autograd refuses for an
+    inference tensor; normlib trains on one, as on any batch
+    (:func:`normlib.numerics.for_backward` does the same for normlib's own Functions).
+    """
+    if torch.is_grad_enabled() and ((weight is not None and weight.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
+        return x.clone()
+    return x
+
+
 def layer_norm(x: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], bias: Optional[Tensor],
                eps: float) -> Optional[Tensor]:
     """``torch.native_layer_norm``'s output, or ``None`` where its statistics are not to be trusted."""
+    if x.is_inference():  # a method of the tensor, not a Python call: the common call pays nothing more
+        x = _saveable(x, weight, bias)
     y, mean, rstd = torch.native_layer_norm(x, shape, weight, bias, eps)
     return y if trusted(mean, rstd) else None
 
 
 def rms_norm(x: Tensor, shape: tuple[int, ...], weight: Optional[Tensor], eps: float) -> Optional[Tensor]:
     """``torch._fused_rms_norm``'s output, or ``None`` where a slice's rstd is zero or infinite."""
+    if x.is_inference():
+        x = _saveable(x, weight, None)
     y, rstd = torch._fused_rms_norm(x, shape, weight, eps)  # only called where HAS_RMS_NORM
     return y if trusted_scale(rstd) else None
 
@@ -149,6 +166,8 @@ def group_norm(x: Tensor, num_groups: int, weight: Optional[Tensor], bias: Optio
     weight = None if weight is None else weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     N, C = x.shape[:2]
+    if x.is_inference():
+        x = _saveable(x, weight, bias)
     y, mean, rstd = torch.native_group_norm(x, weight, bias, N, C, x.numel() // max(N * C, 1), num_groups, eps)
     return y if trusted(mean, rstd) else None
 
@@ -164,6 +183,8 @@ def batch_norm(x: Tensor, running_mean: Optional[Tensor], running_var: Optional[
     statistics turn out untrustworthy, so that the reference's update is the
     only one.
     """
+    if x.is_inference():
+        x = _saveable(x, weight, bias)
     if not training:
         return torch.native_batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)[0]
     saved = None if running_mean is None or running_var is None else (running_mean.clone(), running_var.clone())

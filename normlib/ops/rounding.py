@@ -40,6 +40,9 @@ class Rounding:
             the accumulation dtype), ``"input"`` (to the input's dtype) or
             ``"weight"`` (to γ's dtype).
         weight_plus_one: multiply by ``1 + γ`` instead of γ (Gemma).
+        product: round ``γ · x̂`` to the promoted dtype of γ and the input
+            before β is added (DeBERTa's ``weight * x̂ + bias`` in PyTorch ops,
+            two roundings where the others make one).
         out: the output's dtype: ``"input"``, ``"float32"``, ``"weight"``
             (γ's), ``"promote_weight"`` (of γ and the input) or
             ``"promote_all"`` (of γ, β and the input).
@@ -49,6 +52,7 @@ class Rounding:
     xhat: str = "acc"
     weight_plus_one: bool = False
     out: str = "input"
+    product: bool = False
     # the kernels' compile-time ROUND_XHAT: 0 (accumulation dtype), 1 (input's), 2 (γ's)
     xhat_code: int = field(init=False, repr=False, compare=False)
 
@@ -58,6 +62,12 @@ class Rounding:
         if self.out not in _OUT:
             raise ValueError(f"out must be one of {_OUT} (got {self.out!r})")
         object.__setattr__(self, "xhat_code", _XHAT.index(self.xhat))
+
+    def product_dtype(self, x_dtype: torch.dtype, weight: Optional[Tensor]) -> Optional[torch.dtype]:
+        """The dtype ``γ · x̂`` is rounded to before β is added, or ``None`` where it is not rounded apart."""
+        if not self.product or weight is None:
+            return None
+        return torch.promote_types(weight.dtype, x_dtype)
 
     def out_dtype(self, x_dtype: torch.dtype, weight: Optional[Tensor] = None,
                   bias: Optional[Tensor] = None) -> torch.dtype:
@@ -80,7 +90,8 @@ LLAMA = Rounding("llama", xhat="input", out="promote_weight")  # γ * x̂.to(inp
 GEMMA = Rounding("gemma", weight_plus_one=True)  # x̂ · (1 + γ) in float32, then one cast
 T5 = Rounding("t5", out="weight")  # T5's with a float32/float64 γ: returned in γ's dtype
 T5_HALF = Rounding("t5_half", xhat="weight", out="weight")  # with a float16/bfloat16 γ: x̂ rounded to it first
-DEBERTA = Rounding("deberta", xhat="input", out="promote_all")  # x̂ cast to the input's dtype before γ, β
+# x̂ cast to the input's dtype, then γ · x̂ and + β each rounded: torch ops on that dtype
+DEBERTA = Rounding("deberta", xhat="input", out="promote_all", product=True)
 
 ROUNDINGS: dict[str, Rounding] = {r.name: r for r in (TORCH, FLOAT32_OUT, LLAMA, GEMMA, T5, T5_HALF, DEBERTA)}
 
