@@ -762,8 +762,7 @@ def _match(cls: type) -> tuple:
         out = (None, None, _UNKNOWN)  # torch's own Linear, Dropout, ...: known not to be norms
     else:
         out = _match_forward(cls)
-    _CLASSES[key] = out
-    return out
+    return _CLASSES.setdefault(key, out)  # the first answer stays, also when threads ask at the same moment
 
 
 def _match_forward(cls: type) -> tuple:

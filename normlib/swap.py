@@ -192,7 +192,7 @@ def _swapped_class(cls: type[nn.Module], binding) -> type:
         metaclass: type = type(cls)
         sub = metaclass(cls.__name__, (cls, _Swapped), namespace)
         belongs_to(sub)
-        _CLASSES[key] = sub
+        sub = _CLASSES.setdefault(key, sub)  # one class per key, also when threads swap at the same moment
     return sub
 
 

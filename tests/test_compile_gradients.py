@@ -182,9 +182,8 @@ def _devices():
 
 @pytest.fixture
 def compile_mode(request):
-    old = ops.set_compile_mode(request.param)
-    yield request.param
-    ops.set_compile_mode(old)
+    with ops.use_compile_mode(request.param):
+        yield request.param
 
 
 def _check(names, device, dtype, dynamic, mode, backend="aot_eager"):

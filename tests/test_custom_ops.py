@@ -76,15 +76,16 @@ def test_plain_pytorch_branch_matches_the_kernels(kind, residual, affine):
 
 @pytest.fixture
 def kernels_mode():
-    old = ops.set_compile_mode("kernels")
-    yield
-    ops.set_compile_mode(old)
+    with ops.use_compile_mode("kernels"):
+        yield
 
 
 def test_default_compile_mode_is_reference():
     assert ops.compile_mode() == "reference"
     with pytest.raises(ValueError, match="mode must be one of"):
         ops.set_compile_mode("fast")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ops.use_compile_mode("fast")
 
 
 def test_compiled_fullgraph_keeps_one_operator_per_norm_and_matches_eager(kernels_mode):

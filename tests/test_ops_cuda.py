@@ -138,21 +138,20 @@ def test_opcheck_on_cuda(kind, residual):
 def test_inductor_in_both_compile_modes(mode):
     """Inductor compiles a block around the custom operators, or the reference math; both match eager."""
     torch.manual_seed(7)
-    old = ops.set_compile_mode(mode)
-    try:
-        torch._dynamo.reset()
-        block = nl.TransformerBlock(256, 4, norm_first=True, norm="layer").cuda()
-        x = torch.randn(4, 64, 256, device="cuda", requires_grad=True)
-        eager = block(x)
-        x2 = x.detach().clone().requires_grad_()
-        out = torch.compile(block, fullgraph=True, dynamic=True)(x2)
-        torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
-        eager.sum().backward()
-        out.sum().backward()
-        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-3, atol=1e-3)
-    finally:
-        ops.set_compile_mode(old)
-        torch._dynamo.reset()
+    with ops.use_compile_mode(mode):
+        try:
+            torch._dynamo.reset()
+            block = nl.TransformerBlock(256, 4, norm_first=True, norm="layer").cuda()
+            x = torch.randn(4, 64, 256, device="cuda", requires_grad=True)
+            eager = block(x)
+            x2 = x.detach().clone().requires_grad_()
+            out = torch.compile(block, fullgraph=True, dynamic=True)(x2)
+            torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
+            eager.sum().backward()
+            out.sum().backward()
+            torch.testing.assert_close(x2.grad, x.grad, rtol=1e-3, atol=1e-3)
+        finally:
+            torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("cls", [nl.LayerNorm, nl.RMSNorm])

@@ -182,28 +182,27 @@ def test_modules_and_block_through_the_kernels(kernel_calls):
 def test_torch_compile_keeps_the_kernels_or_traces_the_reference(kernel_calls, mode):
     """Under torch.compile the kernels are one opaque operator each ("kernels"), or the reference math is traced."""
     torch.manual_seed(10)
-    old = ops.set_compile_mode(mode)
-    try:
-        block = nl.TransformerBlock(16, 4, norm_first=True, norm="rms")
-        x = torch.randn(2, 5, 16, requires_grad=True)
-        eager = block(x)
-        targets = []
+    with ops.use_compile_mode(mode):
+        try:
+            block = nl.TransformerBlock(16, 4, norm_first=True, norm="rms")
+            x = torch.randn(2, 5, 16, requires_grad=True)
+            eager = block(x)
+            targets = []
 
-        def inspect(gm, example_inputs):
-            targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-            return gm
+            def inspect(gm, example_inputs):
+                targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+                return gm
 
-        torch._dynamo.reset()
-        out = torch.compile(block, backend=inspect, fullgraph=True)(x)
-        fused = [t for t in targets if "normlib.fused_norm" in t]
-        assert len(fused) == (2 if mode == "kernels" else 0)  # norm1, and add + norm2
-        torch._dynamo.reset()
-        x2 = x.detach().clone().requires_grad_()
-        out = torch.compile(block, backend="aot_eager", fullgraph=True)(x2)
-        torch.testing.assert_close(out, eager, **close(torch.float32))
-        eager.sum().backward()
-        out.sum().backward()
-        torch.testing.assert_close(x2.grad, x.grad, **close(torch.float32, kappa=KAPPA_GRADIENT))
-    finally:
-        ops.set_compile_mode(old)
-        torch._dynamo.reset()
+            torch._dynamo.reset()
+            out = torch.compile(block, backend=inspect, fullgraph=True)(x)
+            fused = [t for t in targets if "normlib.fused_norm" in t]
+            assert len(fused) == (2 if mode == "kernels" else 0)  # norm1, and add + norm2
+            torch._dynamo.reset()
+            x2 = x.detach().clone().requires_grad_()
+            out = torch.compile(block, backend="aot_eager", fullgraph=True)(x2)
+            torch.testing.assert_close(out, eager, **close(torch.float32))
+            eager.sum().backward()
+            out.sum().backward()
+            torch.testing.assert_close(x2.grad, x.grad, **close(torch.float32, kappa=KAPPA_GRADIENT))
+        finally:
+            torch._dynamo.reset()

@@ -299,27 +299,38 @@ def test_a_plan_names_the_way_into_the_kernels(monkeypatch):
         assert ops.route("layer_norm", x, weight=w) == "fused"
 
 
-def test_force_path_blocks_of_two_threads_may_end_in_any_order():
-    """Blocks that interleave across threads (A enters, B enters, A exits, B exits) leave nothing forced
-    afterwards; while any is open the innermost open one holds."""
+# Every process-wide setting of normlib: (name, the block that sets it, the getter, a value, another value,
+# the value outside every block)
+SETTINGS = [
+    ("force_path", ops.force_path, routing.forced_path, "reference", "native", None),
+    ("use_compile_mode", ops.use_compile_mode, ops.compile_mode, "kernels", "reference", "reference"),
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s[0])
+def test_blocks_of_two_threads_may_end_in_any_order(setting):
+    """Blocks that interleave across threads (A enters, B enters, A exits, B exits) leave the setting as it
+    was afterwards; while any is open the innermost open one holds. (A saved-and-restored global, as before,
+    ended pinned to A's value.)"""
     import threading
 
+    _, block, get, first, second, outside = setting
     order = []
     a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
 
     def a():
-        with ops.force_path("reference"):
+        with block(first):
             a_in.set()
             b_in.wait(10)
-            order.append(("a exits", routing.forced_path()))
+            order.append(("a exits", get()))
         a_out.set()
 
     def b():
         a_in.wait(10)
-        with ops.force_path("native"):
+        with block(second):
             b_in.set()
             a_out.wait(10)
-            order.append(("b sees after a exits", routing.forced_path()))
+            order.append(("b sees after a exits", get()))
 
     threads = [threading.Thread(target=a), threading.Thread(target=b)]
     for t in threads:
@@ -327,13 +338,63 @@ def test_force_path_blocks_of_two_threads_may_end_in_any_order():
     for t in threads:
         t.join(20)
     assert not any(t.is_alive() for t in threads)
-    assert order == [("a exits", "native"), ("b sees after a exits", "native")]
-    assert routing.forced_path() is None
-    with ops.force_path("reference"):
-        with ops.force_path("native"):
-            assert routing.forced_path() == "native"
-        assert routing.forced_path() == "reference"
-    assert routing.forced_path() is None
+    assert order == [("a exits", second), ("b sees after a exits", second)]
+    assert get() == outside
+    with block(first):
+        with block(second):
+            assert get() == second
+        assert get() == first
+    assert get() == outside
+
+
+def test_set_compile_mode_is_the_base_under_the_blocks():
+    with ops.use_compile_mode("kernels"):
+        old = ops.set_compile_mode("kernels")
+        assert ops.compile_mode() == "kernels"
+        ops.set_compile_mode(old)
+        assert ops.compile_mode() == "kernels"  # the block's, until it ends
+    assert ops.compile_mode() == old == "reference"
+
+
+def test_threads_swapping_the_same_class_share_one_swapped_class(monkeypatch):
+    """Swapped subclasses are made once per (class, binding), also when threads swap at the same moment
+    (making one is slowed down here, so that the threads do meet inside it)."""
+    import threading
+    import time
+
+    from torch import nn
+
+    from normlib import swap
+
+    making = swap._forward_for
+
+    def slowly(*args):
+        time.sleep(0.05)
+        return making(*args)
+
+    monkeypatch.setattr(swap, "_forward_for", slowly)
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class ScratchNorm(LlamaRMSNorm):  # Llama's forward, in a class no other test has swapped
+        pass
+
+    models = [nn.Sequential(ScratchNorm(8), ScratchNorm(8)) for _ in range(8)]
+    start = threading.Barrier(len(models))
+
+    def swap(m):
+        start.wait(10)
+        nl.swap_norms(m, warn=False)
+
+    threads = [threading.Thread(target=swap, args=(m,)) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    kinds = {type(layer) for m in models for layer in m}
+    assert len(kinds) == 1 and next(iter(kinds)) is not ScratchNorm, kinds
+    assert transformers is not None
 
 
 @pytest.mark.parametrize("add", ["add_layer_norm", "add_rms_norm"])

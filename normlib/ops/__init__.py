@@ -27,7 +27,7 @@ from torch import Tensor
 
 from . import dispatch
 from .routing import (HAS_TRITON, FUSED, NATIVE, REFERENCE, compile_mode, force_path, kernels_run_on, route,
-                      set_compile_mode)
+                      set_compile_mode, use_compile_mode)
 
 __all__ = [
     "HAS_TRITON",
@@ -36,6 +36,7 @@ __all__ = [
     "path_for",
     "use_fused",
     "set_compile_mode",
+    "use_compile_mode",
     "compile_mode",
     "layer_norm",
     "rms_norm",

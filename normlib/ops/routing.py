@@ -75,16 +75,51 @@ def _triton_installed() -> bool:
 
 HAS_TRITON: bool = _triton_installed()
 
-# A module global, not a ContextVar: torch.compile reads a global (and guards on it), not a ContextVar.
-# It is always the path of the innermost block still open, kept in _OPEN under a lock: blocks of two
-# threads may end in any order and the global still ends as it began.
-_FORCED: Optional[str] = None
-_OPEN: list = []  # (token, path) of every open force_path block, oldest first
-_OPEN_LOCK = threading.Lock()
+class _Setting:
+    """A process-wide setting: a base value, and blocks that set it while they run, in any thread.
+
+    The value is kept in a module global of this module (``name``), not a
+    ContextVar: ``torch.compile`` reads a global (and guards on it). It is
+    always the value of the innermost block still open, else the base; the
+    open blocks are kept under one lock, so that blocks of several threads may
+    end in any order and the global still ends as it began.
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, name: str, base) -> None:
+        self.name, self.base, self.open = name, base, []  # open: (token, value) of every open block, oldest first
+        globals()[name] = base
+
+    def _publish(self) -> None:
+        globals()[self.name] = self.open[-1][1] if self.open else self.base
+
+    @contextlib.contextmanager
+    def block(self, value) -> Iterator[None]:
+        token = object()
+        with self._lock:
+            self.open.append((token, value))
+            self._publish()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.open[:] = [entry for entry in self.open if entry[0] is not token]
+                self._publish()
+
+    def set_base(self, value):
+        """Set the value outside every block; returns the old base."""
+        with self._lock:
+            old, self.base = self.base, value
+            self._publish()
+        return old
 
 
-@contextlib.contextmanager
-def force_path(path: str) -> Iterator[None]:
+_FORCED: Optional[str] = None  # kept by _FORCE
+_FORCE = _Setting("_FORCED", None)
+
+
+def force_path(path: str):
     """Run every normlib call inside the block on ``path`` wherever it can compute that call.
 
     ``"fused"`` takes the kernels wherever they cover the call, CPU tensors
@@ -101,19 +136,9 @@ def force_path(path: str) -> Iterator[None]:
         ...     route("layer_norm", torch.randn(2, 4))
         'reference'
     """
-    global _FORCED
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS} (got {path!r})")
-    token = object()
-    with _OPEN_LOCK:
-        _OPEN.append((token, path))
-        _FORCED = path
-    try:
-        yield
-    finally:
-        with _OPEN_LOCK:
-            _OPEN[:] = [entry for entry in _OPEN if entry[0] is not token]
-            _FORCED = _OPEN[-1][1] if _OPEN else None
+    return _FORCE.block(path)
 
 
 def forced_path() -> Optional[str]:
@@ -201,7 +226,14 @@ _COMPILE_MODES = ("reference", "kernels")
 # 1.58x eager when inductor generated its own norm kernels ("reference"), 1.26x when normlib's
 # kernels stayed in the graph as opaque operators ("kernels"), which inductor cannot fuse with
 # their neighbours. So "reference" is the default.
-_COMPILE_MODE = "reference"
+_COMPILE_MODE: str = "reference"  # kept by _MODE
+_MODE = _Setting("_COMPILE_MODE", "reference")
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in _COMPILE_MODES:
+        raise ValueError(f"mode must be one of {_COMPILE_MODES} (got {mode!r})")
+    return mode
 
 
 def set_compile_mode(mode: str) -> str:
@@ -213,21 +245,31 @@ def set_compile_mode(mode: str) -> str:
     * ``"kernels"``: the fused kernels stay in the compiled graph as the
       custom operators ``normlib::fused_norm`` / ``normlib::fused_norm_backward``.
 
-    On an H100 a compiled GPT-2-small training step ran 1.58x eager PyTorch
-    with ``"reference"`` and 1.26x with ``"kernels"`` (``book/data/model_benchmark.json``).
+    A process-wide setting (inside a :func:`use_compile_mode` block, the
+    block's mode holds until it ends). On an H100 a compiled GPT-2-small
+    training step ran 1.58x eager PyTorch with ``"reference"`` and 1.26x with
+    ``"kernels"`` (``book/data/model_benchmark.json``).
 
     Example:
         >>> old = set_compile_mode("reference"); _ = set_compile_mode(old)
     """
-    global _COMPILE_MODE
-    if mode not in _COMPILE_MODES:
-        raise ValueError(f"mode must be one of {_COMPILE_MODES} (got {mode!r})")
-    old, _COMPILE_MODE = _COMPILE_MODE, mode
-    return old
+    return _MODE.set_base(_check_mode(mode))
+
+
+def use_compile_mode(mode: str):
+    """:func:`set_compile_mode` for the duration of a block: nests, and blocks in several threads may end in
+    any order (the setting then ends as it began).
+
+    Example:
+        >>> with use_compile_mode("kernels"):
+        ...     compile_mode()
+        'kernels'
+    """
+    return _MODE.block(_check_mode(mode))
 
 
 def compile_mode() -> str:
-    """The current :func:`set_compile_mode` setting."""
+    """The compile mode in force here: the innermost :func:`use_compile_mode` block's, else :func:`set_compile_mode`'s."""
     return _COMPILE_MODE
 
 
