@@ -19,14 +19,16 @@ Write a layer yourself, then ask whether it computes what PyTorch's does::
     print(report)                                          # every case that was run
 
 Each checker calls your implementation on many cases — shapes (one element,
-non-powers of two, 3-D and 4-D), dtypes (float32, float64, and bfloat16 for
-the forward pass), weight and bias present or absent, and adversarial inputs
-(values far from zero with a small spread, constant rows, non-contiguous
-tensors, a large ``eps``) — and compares the output, and the gradients when
-your output is differentiable, with a float64 evaluation of
-:mod:`normlib.functional` on the same inputs. It also checks that the input
-was not modified in place and that the output has the input's shape and
-dtype.
+non-powers of two, 3-D and 4-D), dtypes (float32 and float64, forward and
+backward; bfloat16 and float16, forward only), weight and bias present or
+absent (each alone too), and adversarial inputs (values far from zero with a
+small spread, constant rows, non-contiguous tensors, a large ``eps``; and in
+16 bits the mistakes of chapter 05d: statistics kept in the input's dtype,
+squares that overflow float16, an ``eps`` that float16 rounds to 0) — and
+compares the output, and the gradients when your output is differentiable,
+with a float64 evaluation of :mod:`normlib.functional` on the same inputs. It
+also checks that the input was not modified in place and that the output has
+the input's shape and dtype.
 
 Every checker returns a :class:`CheckReport`. By default
 (``raise_on_failure=True``) it raises ``AssertionError`` describing the first
@@ -35,12 +37,15 @@ by how much. With ``raise_on_failure=False`` it only returns the report;
 ``report.passed`` says whether every case passed and ``print(report)`` lists
 them.
 
-Tolerances follow the dtype: ``|got - expected| <= atol + rtol * |expected|``
-with ``atol = rtol = 1e-9`` for float64, ``1e-5`` for float32 (``1e-4`` for
-gradients) and ``4e-2`` for bfloat16 (a few of its rounding steps). Where the
-mean is ``κ`` times larger than the spread, any float arithmetic loses about
-``log10 κ`` digits, so those cases allow ``32 κ`` units in the last place;
-computing the variance as ``E[x²] - E[x]²`` loses all of them and still fails.
+Tolerances come from the one rule of :mod:`normlib.testing.tolerance`,
+2(r·u_out + κλ√n·u_acc), applied to each output element with what it is made
+of: the roundings (up to ``r = 8``, one per step of the formula written out in
+the input's dtype) relative to ``|x̂·γ| + |β|``, the error of the statistics
+(sums of at most the input's ``n`` elements, in float32 for 16-bit input,
+times the input's condition number κ = ``|mean| / spread``) relative to
+``|γ|``. Every correct implementation tried stays below a quarter of that;
+computing the variance as ``E[x²] - E[x]²``, or in 16 bits without an up-cast
+to float32, is off by many times more.
 
 The checkers draw their inputs from their own seeded generator: they do not
 touch PyTorch's global random state, and they give the same report every run.

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence, overload
+from typing import Optional, overload
 
 import torch
 
 from ._report import (
-    _TOL,
+    DTYPES,
     CaseResult,
     CheckReport,
     _compare,
     _exception_text,
     _Failed,
+    _gradient_allowed,
+    _output_allowed,
     _subject_name,
-    _tolerances,
 )
 
 
@@ -45,6 +46,20 @@ class _FnCase:
     eps: float
     why: str = ""
     kappa: float = 1.0  # |mean| / spread of the rows, for the tolerance
+    pview: tuple = ()  # the shape γ and β are viewed as to broadcast against x (e.g. (C, 1, 1) for GroupNorm)
+
+
+def _output_terms(case: _FnCase, reference, rx: torch.Tensor) -> tuple:
+    """``(|x̂·γ| + |β|, |γ|)`` per element (|γ| = 1 without γ): what an output's roundings and its
+    statistics' error are relative to (see :func:`._report._output_allowed`)."""
+    with torch.no_grad():
+        xhat = reference(rx.detach(), *case.middle, *([None] * len(case.params)), case.eps)
+        w, b = case.params.get("weight"), case.params.get("bias")
+        gain = torch.ones_like(xhat) if w is None else w.detach().to(torch.float64).abs().reshape(case.pview).expand_as(xhat)
+        terms = xhat.abs() * gain
+        if b is not None:
+            terms = terms + b.detach().to(torch.float64).abs().reshape(case.pview)
+    return terms, gain
 
 
 def _run_fn_cases(checker, fn, cases, reference, call_words, gradients, raise_on_failure, gen):
@@ -67,8 +82,9 @@ def _run_fn_cases(checker, fn, cases, reference, call_words, gradients, raise_on
             rx = case.x.detach().to(torch.float64).requires_grad_(want_grad)
             rp = {k: None if v is None else v.detach().to(torch.float64).requires_grad_(want_grad) for k, v in case.params.items()}
             expected = reference(rx, *case.middle, *rp.values(), case.eps)
-            (atol, rtol), (gatol, grtol) = _tolerances(dtype, case.kappa)
-            _compare(out, expected, "the output", dtype, (atol, rtol))
+            n = case.x.numel()  # no sum in the case is longer
+            _compare(out, expected, "the output", dtype,
+                     _output_allowed(dtype, n, case.kappa, *_output_terms(case, reference, rx)))
             after = [t.detach() for t in [x, *params.values()] if t is not None]
             names = ["x"] + [k for k, v in params.items() if v is not None]
             for name, b, a in zip(names, before, after):
@@ -96,7 +112,7 @@ def _run_fn_cases(checker, fn, cases, reference, call_words, gradients, raise_on
                         _compare(
                             mine.grad, ref.grad,
                             f"the gradient with respect to {name} (for a random upstream gradient)",
-                            dtype, (gatol, grtol),
+                            dtype, _gradient_allowed(dtype, n, case.kappa, ref.grad),
                         )
         except _Failed as f:
             result.passed = False
@@ -145,12 +161,14 @@ def _constant_rows(shape, dtype):
     return v.reshape(*shape[:-1], 1).expand(shape).to(dtype).contiguous()
 
 
-def _constant_kappa(values: Sequence[float], eps: float) -> float:
-    """The condition number allowed for rows of one repeated value each (see :func:`_constant_rows`)."""
-    return max(map(abs, values)) / math.sqrt(eps) if eps > 0 else 1.0
+def _constant_kappa(values, eps: float) -> float:
+    """The condition number allowed for slices of one repeated value each (see :func:`_constant_rows`):
+    the largest ``|value|`` over ``sqrt(eps)``, at least 1. ``values`` is one number or several."""
+    largest = max(map(abs, values)) if isinstance(values, (list, tuple)) else abs(values)
+    return max(1.0, largest / math.sqrt(eps)) if eps > 0 else 1.0
 
 
-def _dtypes(dtypes, default):
+def _dtypes(dtypes, default=DTYPES):
     """The dtypes a checker runs: ``None`` for its default, else a non-empty sequence of known dtypes."""
     if dtypes is None:
         return list(default)
@@ -162,8 +180,8 @@ def _dtypes(dtypes, default):
         raise ValueError("dtypes must name at least one dtype (got an empty sequence): a check of nothing "
                          "would pass anything")
     for d in out:
-        if d not in _TOL:
-            raise ValueError(f"dtypes may hold torch.float32, torch.float64 and torch.bfloat16 (got {d})")
+        if d not in DTYPES:
+            raise ValueError(f"dtypes may hold {', '.join(map(str, DTYPES))} (got {d!r})")
     return out
 
 
@@ -181,4 +199,39 @@ _WHY = {
     "noaffine": "weight and bias may be None, as in torch.nn.functional",
     "weightonly": "weight given, bias None",
     "bf16": "a low-precision dtype: the output must keep the input's dtype (statistics best accumulated in float32)",
+    "biasonly": "bias given, weight None: β is still added",
+    "lowoffset": (
+        "a 16-bit input far from zero: the statistics must be computed in float32. In the input's dtype the mean "
+        "alone is rounded by up to half a unit in the last place of 100 (0.25 in bfloat16, 0.03 in float16), "
+        "a large part of the spread, and E[x²] - E[x]² loses every digit"
+    ),
+    "overflow": (
+        "float16 values beyond 256: their squares exceed float16's largest number (65504) and become inf, so "
+        "squares and their sums must be taken in float32"
+    ),
+    "tinyeps": (
+        "eps = 1e-12 rounds to 0 in float16: added to a float16 variance it leaves 0/0 (NaN) on a constant row; "
+        "add it to a float32 variance"
+    ),
 }
+
+_HALF = (torch.float16, torch.bfloat16)
+_LOW_OFFSET = 100.0  # the 16-bit inputs' mean, in units of their spread
+_TINY_EPS = 1e-12
+
+
+def _low_precision_cases(add, gen, dt, shape, constant=None, constant_words=_CONSTANTS_WORDS, offset=True) -> None:
+    """The cases of chapter 05d's mistakes in 16 bits, through ``add(name, x, values, eps=..., why=..., kappa=...)``.
+
+    ``shape`` is the input's shape; ``constant(shape, dtype)`` makes an input
+    whose normalized slices each hold one repeated value (default: rows, by
+    :func:`_constant_rows`); ``offset=False`` leaves out the input far from
+    zero (a norm that subtracts no mean has nothing to cancel).
+    """
+    if offset:
+        add(f"mean {_LOW_OFFSET:g} times the spread", _randn(gen, *shape, dtype=dt, mean=_LOW_OFFSET),
+            f"{_LOW_OFFSET:g} + N(0, 1) values", why="lowoffset", kappa=_LOW_OFFSET)
+    if dt == torch.float16:
+        add("values beyond 256", _randn(gen, *shape, dtype=dt, std=300.0), "N(0, 300²) values", why="overflow")
+        add(f"constant slices, eps = {_TINY_EPS:g}", (constant or _constant_rows)(shape, dt), constant_words,
+            eps=_TINY_EPS, why="tinyeps", kappa=_constant_kappa(_CONSTANTS, _TINY_EPS))

@@ -12,26 +12,39 @@ from typing import Sequence
 
 import torch
 
-# (atol, rtol) for the forward output and for gradients, per dtype.
-_TOL = {
-    torch.float64: ((1e-9, 1e-9), (1e-9, 1e-9)),
-    torch.float32: ((1e-5, 1e-5), (1e-4, 1e-4)),
-    torch.bfloat16: ((4e-2, 4e-2), (4e-2, 4e-2)),
-}
-_ULPS_PER_KAPPA = 32  # allowed units in the last place per unit of condition number κ = |mean| / spread
+from .tolerance import KAPPA_GRADIENT, bound, tolerance
+
+#: The dtypes the checkers run: the 16-bit ones forward only.
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: Roundings to the output dtype an implementation may make on the way to ``y = x̂·γ + β``: one per step of
+#: the formula written out in the input's dtype (x - mean, its square, their mean, + eps, the square root,
+#: the division, × γ, + β). torch's own norms round once; Llama's and DeBERTa's orders three times.
+ROUNDINGS = 8
 
 
-def _tolerances(dtype: torch.dtype, kappa: float = 1.0) -> tuple:
-    """``((atol, rtol), (gradient atol, gradient rtol))`` for ``dtype`` and an input of condition number ``kappa``.
+def _output_allowed(dtype: torch.dtype, n: int, kappa: float, terms: torch.Tensor, gain) -> tuple:
+    """How far each output element may be off, and those words: the one rule's two terms
+    (:func:`normlib.testing.tolerance.bound`), each scaled by what it applies to.
 
-    Where the mean is κ > 1 times the spread, each tolerance is at least
-    ``32 κ`` units in the last place of ``dtype``.
+    The roundings are relative to ``terms`` = ``|x̂·γ| + |β|``, the values added up
+    last; an error in the statistics (``n`` bounds every sum's length, ``kappa`` is
+    ``|mean| / spread``) moves x̂ by an amount of order one, times ``gain`` = ``|γ|``.
     """
-    (atol, rtol), (gatol, grtol) = _TOL[dtype]
-    if kappa > 1:
-        slack = _ULPS_PER_KAPPA * kappa * torch.finfo(dtype).eps
-        atol, rtol, gatol, grtol = (max(t, slack) for t in (atol, rtol, gatol, grtol))
-    return (atol, rtol), (gatol, grtol)
+    rounding, sums = bound(dtype, n=n, kappa=kappa, roundings=ROUNDINGS)
+    return rounding * terms + sums * gain, f"{rounding:.3g}·(|x̂·γ| + |β|) + {sums:.3g}·|γ|"
+
+
+def _gradient_allowed(dtype: torch.dtype, n: int, kappa: float, expected: torch.Tensor) -> tuple:
+    """How far each gradient element may be off, and those words: :func:`tolerance` with
+    :data:`KAPPA_GRADIENT` times the condition, relative to ``|expected| + max(1, max |expected|)``."""
+    t = tolerance(dtype, n=n, kappa=KAPPA_GRADIENT * kappa, roundings=ROUNDINGS)
+    return _normwise(t, expected), f"{t:.3g}·(|expected| + the largest |expected|, at least 1)"
+
+
+def _normwise(t: float, expected: torch.Tensor) -> torch.Tensor:
+    e = expected.detach().to(torch.float64)
+    finite = e[torch.isfinite(e)].abs()
+    return t * (e.abs() + max(1.0, float(finite.max()) if finite.numel() else 1.0))
 
 
 @dataclass
@@ -174,8 +187,12 @@ def _exception_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}{where}"
 
 
-def _compare(got, expected: torch.Tensor, what: str, dtype: torch.dtype, tol: tuple) -> None:
-    """Raise _Failed describing how ``got`` differs from the float64 ``expected``."""
+def _compare(got, expected: torch.Tensor, what: str, dtype: torch.dtype, allowed: tuple) -> None:
+    """Raise _Failed describing how ``got`` differs from the float64 ``expected``.
+
+    ``allowed`` is ``(tensor, words)``: how far each element may be off, and how
+    that was computed (see :func:`_output_allowed`, :func:`_gradient_allowed`).
+    """
     if not isinstance(got, torch.Tensor):
         raise _Failed(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
     if tuple(got.shape) != tuple(expected.shape):
@@ -188,7 +205,6 @@ def _compare(got, expected: torch.Tensor, what: str, dtype: torch.dtype, tol: tu
     e = expected.detach().to(torch.float64).reshape(-1)
     if g.numel() == 0:
         return
-    atol, rtol = tol
     bad_nonfinite = ~torch.isfinite(g) & torch.isfinite(e)
     if bad_nonfinite.any():
         k = int(bad_nonfinite.nonzero()[0])
@@ -196,16 +212,16 @@ def _compare(got, expected: torch.Tensor, what: str, dtype: torch.dtype, tol: tu
             f"{what}: got {int(bad_nonfinite.sum())} non-finite value(s) of {g.numel()}; the first at index "
             f"{_index(k, expected.shape)}: expected {_fmt(float(e[k]))}, got {_fmt(float(g[k]))}"
         )
+    limit, words = allowed
+    limit = torch.as_tensor(limit, dtype=torch.float64).expand(expected.shape).reshape(-1)
     diff = (g - e).abs()
-    allowed = atol + rtol * e.abs()
-    bad = diff > allowed
+    bad = diff > limit
     if bad.any():
-        k = int(torch.argmax(torch.where(bad, diff / allowed, torch.zeros_like(diff))))
+        k = int(torch.argmax(torch.where(bad, diff / limit, torch.zeros_like(diff))))
         raise _Failed(
             f"{what} differs at {int(bad.sum())} of {g.numel()} elements. The worst, at index "
             f"{_index(k, expected.shape)}: expected {_fmt(float(e[k]))}, got {_fmt(float(g[k]))} "
-            f"(off by {_fmt(float(diff[k]))}; allowed: {atol:.3g} + {rtol:.3g}·|expected| = "
-            f"{_fmt(float(allowed[k]))})"
+            f"(off by {_fmt(float(diff[k]))}; allowed: {words} = {_fmt(float(limit[k]))})"
         )
 
 
