@@ -91,6 +91,8 @@ def resources(arch: int, spec: str, fwd: Optional[dict] = None, bwd: Optional[di
     for name, kernel, (sig, flags), cfg in kernels:
         block_n, num_warps = cfg["block_n"], cfg["num_warps"]
         consts = dict(flags, BLOCK_N=block_n, ROWS=cfg["rows"], W_PLUS_ONE=False, ROUND_XHAT=0)
+        if name == "fwd":
+            consts.update(ROUND_PRODUCT=False)
         if name == "bwd":
             consts.update(NUM_STAGES=cfg["num_stages"], XDT=tl.float32)
         src = ASTSource(fn=kernel, signature={**sig, **{k: "constexpr" for k in consts}}, constexprs=consts)
