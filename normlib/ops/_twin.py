@@ -120,7 +120,7 @@ def save(ctx, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], b
     was added, else ``x``), γ, ``mean`` and ``rstd``; plain attributes: the
     dtypes the gradients must have, ``eps``, the norm and its rounding.
     """
-    normalized = res_out if residual is not None else x
+    normalized = res_out if res_out is not None else x
     # Only a tensor that needs no gradient can have been made under inference mode (and cannot be saved as
     # it is); asked through requires_grad first, an attribute: a call with gradients pays no extra call.
     if (not normalized.requires_grad and normalized.is_inference()) or (

@@ -88,7 +88,8 @@ class _Setting:
     _lock = threading.Lock()
 
     def __init__(self, name: str, base) -> None:
-        self.name, self.base, self.open = name, base, []  # open: (token, value) of every open block, oldest first
+        self.name, self.base = name, base
+        self.open: list[tuple[object, object]] = []  # (token, value) of every open block, oldest first
         globals()[name] = base
 
     def _publish(self) -> None:
