@@ -78,7 +78,10 @@ def check_eps(eps: object, name: str = "eps") -> float:
         return eps  # type: ignore[return-value]  # a SymFloat/SymInt stands in for the float
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"{name} must be a real number (got {type(eps).__name__})")
-    eps = float(eps)
+    try:
+        eps = float(eps)
+    except OverflowError:  # an int beyond float's range (10**400)
+        raise ValueError(f"{name} must be a finite number >= 0 (got an int of {len(str(abs(eps)))} digits)") from None
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"{name} must be a finite number >= 0 (got {eps})")
     return eps
@@ -96,7 +99,7 @@ def check_momentum(momentum: object, allow_none: bool = True) -> float | None:
         raise TypeError("momentum must be a number in [0, 1] (got None)")
     if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
         raise TypeError(f"momentum must be a number in [0, 1] or None (got {type(momentum).__name__})")
-    if not 0.0 <= float(momentum) <= 1.0:
+    if not 0 <= momentum <= 1:  # type: ignore[operator]  # any Real compares; before float(): 10**400 overflows
         raise ValueError(f"momentum must be in [0, 1] (got {momentum})")
     return float(momentum)
 

@@ -96,6 +96,10 @@ def output_file(suffixes: Sequence[str] = ()) -> Callable[[str], str]:
         if os.path.isdir(text):
             raise argparse.ArgumentTypeError(f"expected a file to write, got the folder {text!r}")
         folder = os.path.dirname(os.path.abspath(text))
+        longest = _name_max(folder)
+        if len(os.fsencode(os.path.basename(text))) > longest:
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: its name is longer than the {longest} "
+                                             "bytes this folder allows")
         if not os.path.isdir(folder):
             raise argparse.ArgumentTypeError(f"cannot write {text!r}: its folder {folder!r} does not exist")
         if not os.access(folder, os.W_OK | os.X_OK):
@@ -105,6 +109,19 @@ def output_file(suffixes: Sequence[str] = ()) -> Callable[[str], str]:
         return text
 
     return _typed("output_file", parse)  # type: ignore[return-value]
+
+
+def _name_max(folder: str) -> int:
+    """The longest file name ``folder``'s file system takes, in bytes (255 where it cannot be asked)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):
+        return 255
+
+
+def _target(path: str) -> str:
+    """Where writing ``path`` lands: a symbolic link's target (the link stays a link), else ``path``."""
+    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 def input_file(suffixes: Sequence[str] = ()) -> Callable[[str], str]:
@@ -187,11 +204,13 @@ def write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary file beside it, renamed over it when complete.
 
     If writing fails, the temporary file is removed and the error raised; an
-    existing ``path`` is left as it was.
+    existing ``path`` is left as it was. A symbolic link is written through
+    (its target is replaced; the link stays).
     """
+    path = _target(path)
     folder = os.path.dirname(os.path.abspath(path))
     mode = _mode_for(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".normlib-", suffix=".tmp")  # short: any name that fits fits
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -207,10 +226,11 @@ def write_text(path: str, text: str) -> None:
 
 def save_figure(fig, path: str, **kwargs) -> None:
     """``fig.savefig`` to ``path`` atomically (the format from ``path``'s suffix)."""
+    path = _target(path)
     folder = os.path.dirname(os.path.abspath(path))
     suffix = os.path.splitext(path)[1]
     mode = _mode_for(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=suffix)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".normlib-", suffix=suffix)
     os.close(fd)
     try:
         fig.savefig(tmp, format=suffix.lstrip(".").lower() or None, **kwargs)

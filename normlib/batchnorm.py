@@ -23,6 +23,8 @@ float16/bfloat16 input; anything else is a ``TypeError`` naming both dtypes
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Optional
 
 import torch  # noqa: F401 (the docstrings' examples, run as doctests, use it)
@@ -219,10 +221,15 @@ class _InstanceNorm(_NormBase, _tin._InstanceNorm):
         unbatched = input.dim() == batched - 1
         x = input.unsqueeze(0) if unbatched else input
         if x.shape[1] != self.num_features:
-            raise ValueError(
-                f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
-                f"channels (got input of shape {list(input.shape)})"
-            )
+            if self.affine or self.track_running_stats:  # γ, β or the running statistics need that many
+                raise ValueError(
+                    f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
+                    f"channels (got input of shape {list(input.shape)})"
+                )
+            # num_features is not used: torch warns and normalizes every channel there is, and so does normlib
+            warnings.warn(
+                f"input's size at dim={1 - unbatched} does not match num_features. You can silence this warning "
+                "by not passing in num_features, which is not used because affine=False", stacklevel=2)
         momentum = self._momentum_for_this_step()
         # Running statistics (when tracked) are recorded in training and used in eval.
         y = ops.dispatch.instance_norm(
@@ -237,6 +244,12 @@ class _InstanceNorm(_NormBase, _tin._InstanceNorm):
         )
         return y.squeeze(0) if unbatched else y
 
+    def _momentum_for_this_step(self) -> float:
+        """torch's InstanceNorm counts no batches: only ``momentum=None`` (a cumulative average) needs the count."""
+        if self.momentum is not None:
+            return self.momentum
+        return super()._momentum_for_this_step()
+
 
 class InstanceNorm1d(_InstanceNorm, nn.InstanceNorm1d):
     r"""Instance normalization of ``(N, C, L)`` (or unbatched ``(C, L)``) input.
@@ -247,6 +260,7 @@ class InstanceNorm1d(_InstanceNorm, nn.InstanceNorm1d):
     ``track_running_stats=True`` and ``momentum=None`` the running statistics
     are a cumulative average over the batches seen (counted in
     ``num_batches_tracked``), as for BatchNorm; torch leaves them unchanged.
+    With a momentum, as torch, no batch is counted.
 
     dtypes: as :class:`BatchNorm1d` (parameters and running statistics of the
     input's dtype, or float32 for float16/bfloat16 input; a ``TypeError``

@@ -1165,7 +1165,7 @@ def _instance_norm(input: Tensor, running_mean: Optional[Tensor], running_var: O
     """:func:`instance_norm` on checked arguments."""
     if not use_input_stats:
         return _batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
-    C = input.shape[1]
+    C = int(input.shape[1])  # a plain int: torch.jit.trace hands the Function a traced size otherwise (it failed)
     n = _numel(input, range(2, input.dim()))
     if C == 0:  # nothing to normalize (and no group to split into): an empty result, as torch
         return input.clone()

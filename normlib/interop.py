@@ -83,6 +83,7 @@ import inspect
 import re
 import sys
 import textwrap
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -599,6 +600,9 @@ def _is_method(cls: type, name: str) -> bool:
 
 
 _MISSING = object()
+# Classifying a class fills several caches and marks a method being read (None in _SIGS) while it recurses:
+# one thread at a time (reentrant, for the recursion), so that no thread reads another's half-made answer.
+_LOCK = threading.RLock()
 _SIGS: dict = {}  # (cls, method name) -> signature, or None where it cannot be told
 _READS: dict = {}  # (cls, method name) -> the attributes of self it reads (through the methods it calls, too)
 
@@ -612,8 +616,14 @@ def _signature(cls: type, name: str, depth: int = 0):
     be told (no source, too deep).
     """
     key = (cls, name)
-    if key in _SIGS:
-        return _SIGS[key]
+    with _LOCK:  # never read outside it: while one thread recurses, its entry is a placeholder None
+        if key in _SIGS:
+            return _SIGS[key]
+        return _read_signature(cls, name, depth, key)
+
+
+def _read_signature(cls: type, name: str, depth: int, key: tuple):
+    """:func:`_signature`'s work, under ``_LOCK``."""
     _SIGS[key] = None  # guards against recursion
     owner = _owner(cls, name)
     fn = owner.__dict__.get(name) if owner is not None else None
@@ -756,13 +766,21 @@ def _match(cls: type) -> tuple:
     key = (cls, _libraries())
     if key in _CLASSES:
         return _CLASSES[key]
+    with _LOCK:
+        if key not in _CLASSES:
+            _CLASSES[key] = _classify_class(cls)
+    return _CLASSES[key]
+
+
+def _classify_class(cls: type) -> tuple:
+    """:func:`_match`'s work, under ``_LOCK``."""
     if cls.__module__.startswith("normlib."):
         out = (None, None, "already a normlib module")
     elif cls.__module__.startswith("torch.") and not issubclass(cls, _TORCH_NORMS):
         out = (None, None, _UNKNOWN)  # torch's own Linear, Dropout, ...: known not to be norms
     else:
         out = _match_forward(cls)
-    return _CLASSES.setdefault(key, out)  # the first answer stays, also when threads ask at the same moment
+    return out
 
 
 def _match_forward(cls: type) -> tuple:

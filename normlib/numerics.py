@@ -199,4 +199,6 @@ def for_backward(*tensors: Optional[Tensor]) -> tuple:
     (e.g. a batch created under inference mode, with trainable γ): such a
     tensor is copied to a normal one. Every other tensor is kept as it is.
     """
+    if torch.compiler.is_compiling():  # a traced graph holds no inference tensor (and cannot ask is_inference)
+        return tensors
     return tuple(t.clone() if t is not None and t.is_inference() else t for t in tensors)

@@ -160,6 +160,11 @@ def _rebuild(cls: type[nn.Module], binding, *args):
     return sub.__new__(sub, *args)
 
 
+def _reconstruct(cls: type[nn.Module], binding, base, state):
+    """Unpickle a swapped module saved with pickle protocol 0 or 1: as :func:`_rebuild`, through copyreg."""
+    return copyreg._reconstructor(_swapped_class(cls, binding), base, state)  # type: ignore[attr-defined]  # private
+
+
 def _reduce_ex(self, protocol):
     """Pickle and copy a swapped module as its class plus its kind, so that a copy is swapped too."""
     sub = type(self)
@@ -168,7 +173,7 @@ def _reduce_ex(self, protocol):
         if rv[0] is copyreg.__newobj__ and rv[1][:1] == (sub,):  # type: ignore[attr-defined]  # not in typeshed's copyreg
             return (_rebuild, (sub._normlib_class, sub._normlib_binding) + tuple(rv[1][1:])) + tuple(rv[2:])
         if rv[0] is copyreg._reconstructor and rv[1][:1] == (sub,):  # type: ignore[attr-defined]  # protocols 0 and 1; private, not in typeshed
-            return (copyreg._reconstructor, (sub._normlib_class,) + tuple(rv[1][1:])) + tuple(rv[2:])  # type: ignore[attr-defined]  # as above
+            return (_reconstruct, (sub._normlib_class, sub._normlib_binding) + tuple(rv[1][1:])) + tuple(rv[2:])
     return rv
 
 

@@ -38,9 +38,9 @@ BAD = {
     "normlib.benchmark": [
         (["--device", "gpu"], "--device", "choose from"),
         (["--dtype", "fp8"], "--dtype", "choose from"),
-        (["--rows", "0"], "--rows", "integer >= 1"),
-        (["--rows", "many"], "--rows", "integer >= 1"),
-        (["--widths", "-4"], "--widths", "integer >= 1"),
+        (["--rows", "0"], "--rows", "from 1 to 1048576"),
+        (["--rows", "many"], "--rows", "from 1 to 1048576"),
+        (["--widths", "-4"], "--widths", "from 1 to 1048576"),
         (["--ops", "batch_norm"], "--ops", "choose from"),
         (["--providers", "apex"], "--providers", "choose from"),
         (["--out", "."], "--out", ".json"),
@@ -53,21 +53,21 @@ BAD = {
     "normlib.benchmark --device cpu": [
         (["--out", "a_folder.json"], "--out", "folder"),
         (["--plot", "ratios.jpeg"], "--plot", ".svg"),
-        (["--rounds", "0"], "--rounds", "integer >= 1"),
+        (["--rounds", "0"], "--rounds", "from 1 to 1000"),
         (["--budget", "-1"], "--budget", "> 0"),
         (["--budget", "nan"], "--budget", "> 0"),
         (["--budget", "1e9"], "--budget", "<= 60"),
         (["--cases", "LayerNorm(76)"], "--cases", "choose from"),
-        (["--scale", "0"], "--scale", "integer >= 1"),
+        (["--scale", "0"], "--scale", "from 1 to 1024"),
     ],
     "normlib.benchmark.crossover": [
         (["--out", "a_folder.json"], "--out", "folder"),
-        (["--rounds", "0"], "--rounds", "integer >= 1"),
+        (["--rounds", "0"], "--rounds", "from 1 to 1000"),
         (["--device", "mps"], "--device", "choose from"),
     ],
     "normlib.benchmark.host": [
         (["--out", os.path.join(MISSING_DIR, "h.json")], "--out", "does not exist"),
-        (["--rounds", "-3"], "--rounds", "integer >= 1"),
+        (["--rounds", "-3"], "--rounds", "from 1 to 1000"),
         (["--threads", "0"], "--threads", "from 1 to 1024"),
     ],
     "normlib.benchmark.resources": [
@@ -78,6 +78,7 @@ BAD = {
         (["bf16:fp32:batch:1024"], "specs", "the field kind must be one of"),
         (["bf16:none:rms:0"], "specs", "the field N must be an integer >= 1"),
         (["bf16:none:rms:65536"], "specs", "at most 32768"),
+        (["bf16:fp32:layer:32768"], "specs", "at most 16384 for bf16 with residual fp32"),
     ],
     "normlib.benchmark.tune": [
         (["--out", "a_folder.json"], "--out", "folder"),
@@ -87,30 +88,35 @@ BAD = {
         (["--cases", "group_norm:bf16:8:1024"], "--cases", "the field op must be one of"),
         (["--cases", "rms_norm:fp32:8:16385"], "--cases", "at most 16384"),
         (["--directions", "sideways"], "--directions", "choose from"),
-        (["--sweeps", "0"], "--sweeps", "integer >= 1"),
+        (["--sweeps", "0"], "--sweeps", "from 1 to 100"),
     ],
     "normlib.benchmark.model": [
         (["--out", "a_folder.json"], "--out", "folder"),
         (["--families", "bert"], "--families", "choose from"),
-        (["--batch", "0"], "--batch", "integer >= 1"),
-        (["--rounds", "0"], "--rounds", "integer >= 1"),
+        (["--batch", "0"], "--batch", "from 1 to 1024"),
+        (["--rounds", "0"], "--rounds", "from 1 to 1000"),
     ],
     "normlib.benchmark.decode": [
         (["--out", "a_folder.json"], "--out", "folder"),
         (["--device", "tpu"], "--device", "choose from"),
-        (["--tokens", "0"], "--tokens", "integer >= 1"),
-        (["--rounds", "0"], "--rounds", "integer >= 1"),
-        (["--batch", "-1"], "--batch", "integer >= 1"),
+        (["--tokens", "0"], "--tokens", "from 1 to 2016"),
+        (["--tokens", "100000000000000000000000000"], "--tokens", "from 1 to 2016"),
+        (["--rounds", "0"], "--rounds", "from 1 to 1000"),
+        (["--batch", "-1"], "--batch", "from 1 to 1024"),
+        (["--batch", "99999999999999"], "--batch", "from 1 to 1024"),
+        (["--out", "a" * 300 + ".json"], "--out", "longer than"),
     ],
     "normlib.examples.sync_bn": [
         (["--nproc", "0"], "--nproc", "from 1 to 64"),
-        (["--per-rank", "0"], "--per-rank", "integer >= 1"),
-        (["--steps", "-2"], "--steps", "integer >= 1"),
-        (["--time-steps", "-1"], "--time-steps", "integer >= 0"),
-        (["--time-batch", "0"], "--time-batch", "integer >= 1"),
+        (["--per-rank", "0"], "--per-rank", "from 1 to 4096"),
+        (["--per-rank", "99999999999999"], "--per-rank", "from 1 to 4096"),
+        (["--steps", "-2"], "--steps", "from 1 to 100000"),
+        (["--time-steps", "-1"], "--time-steps", "from 0 to 100000"),
+        (["--time-batch", "0"], "--time-batch", "from 1 to 4096"),
         (["--seed", "-1"], "--seed", "from 0 to"),
         (["--timeout", "0"], "--timeout", "> 0"),
         (["--timeout", "inf"], "--timeout", "> 0"),
+        (["--timeout", "1e9"], "--timeout", "<= 86400"),
         (["--json", os.path.join(MISSING_DIR, "r.json")], "--json", "does not exist"),
         (["--json", "a_folder.json"], "--json", "folder"),
     ],
@@ -243,3 +249,20 @@ def test_save_figure_is_atomic(tmp_path):
         _cli.save_figure(fig, str(tmp_path / "g.png"))
     plt.close(fig)
     assert sorted(os.listdir(tmp_path)) == ["f.svg", "g.png"]
+
+
+def test_a_symbolic_link_is_written_through(tmp_path):
+    (tmp_path / "records").mkdir()
+    link = tmp_path / "latest.json"
+    link.symlink_to(tmp_path / "records" / "run.json")
+    _cli.write_text(str(link), "{}")
+    assert link.is_symlink() and (tmp_path / "records" / "run.json").read_text() == "{}"
+    assert sorted(os.listdir(tmp_path)) == ["latest.json", "records"]
+
+
+@pytest.mark.slow
+def test_sync_bn_that_runs_out_of_time_says_so_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "normlib.examples.sync_bn", "--timeout", "0.5", "--steps", "1",
+                           "--time-steps", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "did not finish within 0.5 s" in proc.stderr, proc.stderr

@@ -132,11 +132,15 @@ def test_negative_or_nan_eps(make):
         make(float("nan"))
     with pytest.raises(TypeError, match="eps must be a real number"):
         make("1e-5")
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0 \\(got an int of 401 digits\\)"):
+        make(10**400)  # beyond float's range: a ValueError naming eps, not an OverflowError
 
 
 def test_momentum_and_num_features():
     with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(got 1.5\)"):
         nl.BatchNorm1d(3, momentum=1.5)
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\]"):
+        nl.BatchNorm1d(3, momentum=10**400)
     with pytest.raises(ValueError, match=r"num_features must be a positive int \(got 0\)"):
         nl.BatchNorm2d(0)
 

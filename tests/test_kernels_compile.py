@@ -54,8 +54,9 @@ def test_refuses_under_the_interpreter():
 
 
 def test_widest_rows_compile():
-    # 64 KiB rows (the kernels' limit) compile; they may spill, which the benchmark will show.
-    rows = _compile("bf16:fp32:layer:32768", "fp32:none:rms:16384")
+    # 64 KiB rows (the kernels' limit) compile; they may spill, which the benchmark will show. (A bf16 row of
+    # 32768 with an fp32 residual would hold 128 KiB of residual: the route never launches it.)
+    rows = _compile("bf16:none:layer:32768", "fp32:none:rms:16384")
     assert [(r["kernel"], r["num_warps"]) for r in rows] == [("fwd", 32), ("bwd", 32), ("fwd", 16), ("bwd", 16)]
 
 

@@ -322,3 +322,48 @@ def test_a_residual_needs_a_norm_over_the_last_dimension_and_a_matching_tensor()
         nl.LayerNorm(8)(torch.randn(2, 8), residual=torch.randn(3, 8))
     with pytest.raises(TypeError, match="residual must be a torch.Tensor"):
         nl.RMSNorm(8)(torch.randn(2, 8), residual=[1.0])
+
+
+@pytest.mark.parametrize("make, shape", [
+    (lambda: nl.LayerNorm(5), (2, 3, 5)), (lambda: nl.RMSNorm(5), (2, 3, 5)), (lambda: nl.GroupNorm(2, 4), (2, 4, 5)),
+    (lambda: nl.BatchNorm1d(4), (3, 4, 5)), (lambda: nl.BatchNorm2d(4), (2, 4, 3, 3)),
+    (lambda: nl.InstanceNorm1d(4), (2, 4, 5)), (lambda: nl.InstanceNorm1d(4, affine=True, track_running_stats=True),
+                                                  (2, 4, 5)),
+    (lambda: nl.InstanceNorm2d(4, affine=True), (2, 4, 3, 3)),
+], ids=["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "InstanceNorm1d",
+        "InstanceNorm1d-tracked", "InstanceNorm2d"])
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_torch_jit_trace_of_every_module(make, shape):
+    """torch.jit.trace records every module, in training and evaluation (InstanceNorm raised
+    "unordered_map::at": its Function was handed a traced size)."""
+    for training in (True, False):
+        module = make().train(training)
+        traced = torch.jit.trace(module, torch.randn(shape), check_trace=False)
+        x = torch.randn(shape)
+        torch.testing.assert_close(traced(x), make().train(training)(x))
+
+
+@pytest.mark.parametrize("cls, shape", [(nl.InstanceNorm1d, (2, 3, 5)), (nl.InstanceNorm2d, (2, 3, 4, 4))])
+def test_instance_norm_state_dict_stays_torchs(cls, shape):
+    """With a momentum, torch's InstanceNorm counts no batches: nor does normlib's (its state_dict differed)."""
+    torch_cls = getattr(torch.nn, cls.__name__)
+    ours, theirs = cls(3, affine=True, track_running_stats=True), torch_cls(3, affine=True, track_running_stats=True)
+    for _ in range(3):
+        x = torch.randn(shape)
+        ours(x), theirs(x)
+    for (k, a), (k2, b) in zip(ours.state_dict().items(), theirs.state_dict().items()):
+        assert k == k2
+        torch.testing.assert_close(a, b, **close(torch.float32)) if a.is_floating_point() else torch.testing.assert_close(a, b)
+
+
+def test_instance_norm_without_parameters_takes_any_channel_count_with_torchs_warning():
+    """affine=False, no running statistics: num_features is not used; torch warns and normalizes, so does normlib."""
+    x = torch.randn(2, 4, 5)
+    with pytest.warns(UserWarning, match="does not match num_features") as ours:
+        y = nl.InstanceNorm1d(3)(x)
+    with pytest.warns(UserWarning, match="does not match num_features") as theirs:
+        want = torch.nn.InstanceNorm1d(3)(x)
+    assert str(ours[0].message) == str(theirs[0].message)
+    torch.testing.assert_close(y, want, **close(torch.float32))
+    with pytest.raises(ValueError, match="expects 3 channels"):
+        nl.InstanceNorm1d(3, affine=True)(x)

@@ -206,3 +206,35 @@ def test_torch_compile_keeps_the_kernels_or_traces_the_reference(kernel_calls, m
             torch.testing.assert_close(x2.grad, x.grad, **close(torch.float32, kappa=KAPPA_GRADIENT))
         finally:
             torch._dynamo.reset()
+
+
+def test_threads_may_launch_the_kernels_at_once(kernels_on_cpu):
+    """Triton's interpreter is not thread-safe: launches from several threads are serialised (threads with
+    grids of different sizes crashed each other before: "Did you forget to add @triton.jit?",
+    "x >= grid_dim[0]"), and every thread gets the right result."""
+    import threading
+
+    import torch.nn.functional as TF
+
+    kernels_on_cpu()
+    errors, wrong = [], []
+
+    def work(seed, rows):
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(40):
+            x = torch.randn(rows, 8, generator=g)
+            try:
+                y = ops.layer_norm(x)
+            except Exception as e:  # noqa: BLE001 - any error is the failure being tested for
+                errors.append(repr(e)[:120])
+                continue
+            if not torch.allclose(y, TF.layer_norm(x, (8,)), **close(torch.float32)):
+                wrong.append(rows)
+
+    threads = [threading.Thread(target=work, args=(i, rows)) for i, rows in enumerate((1, 3, 17, 64))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == [] and wrong == [], (errors[:3], wrong[:3])

@@ -356,6 +356,32 @@ def test_set_compile_mode_is_the_base_under_the_blocks():
     assert ops.compile_mode() == old == "reference"
 
 
+def test_threads_classifying_one_class_at_once_get_the_same_answer():
+    """swap_norms in several threads on models of a class never seen before: every thread swaps it, and the
+    answer that stays in the cache is the right one (a placeholder of one thread's recursion used to be read
+    by the others as "cannot tell", and cached for the process)."""
+    import threading
+
+    from torch import nn
+
+    for trial in range(5):
+        cls = type(f"FreshLayerNorm{trial}", (nn.LayerNorm,), {})
+        models = [nn.Sequential(cls(8)) for _ in range(4)]
+        start, counts = threading.Barrier(len(models)), []
+
+        def swap(m):
+            start.wait(10)
+            counts.append(nl.swap_norms(m, warn=False).count)
+
+        threads = [threading.Thread(target=swap, args=(m,)) for m in models]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert counts == [1, 1, 1, 1], (trial, counts)
+        assert nl.interop.classify(cls)[0] == "layer_norm"
+
+
 def test_threads_swapping_the_same_class_share_one_swapped_class(monkeypatch):
     """Swapped subclasses are made once per (class, binding), also when threads swap at the same moment
     (making one is slowed down here, so that the threads do meet inside it)."""

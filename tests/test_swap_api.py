@@ -264,7 +264,8 @@ def test_copies_and_pickles_stay_swapped_and_independent():
     model = _llama()
     nl.swap_norms(model)
     swapped = type(model.model.norm)
-    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)), torch.load(_saved(model), weights_only=False)):
+    pickles = [pickle.loads(pickle.dumps(model, protocol=p)) for p in range(pickle.HIGHEST_PROTOCOL + 1)]  # 0 and 1 too
+    for other in (copy.deepcopy(model), *pickles, torch.load(_saved(model), weights_only=False)):
         assert type(other.model.norm) is swapped and other.model.norm is not model.model.norm
         assert other.model.norm.weight is not model.model.norm.weight
         with torch.no_grad():

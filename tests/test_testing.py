@@ -5,6 +5,7 @@ must fail it, and its message must name the case that caught it.
 """
 
 import copy
+import re
 
 import pytest
 import torch
@@ -714,3 +715,32 @@ def test_batch_norm_in_16_bits_on_request():
         T.check_batch_norm(nl.BatchNorm1d, dtypes=())
     with pytest.raises(TypeError, match="dtypes must be a list or tuple"):
         T.check_batch_norm(nl.BatchNorm1d, dtypes=torch.float16)
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: T.check_layer_norm(F.layer_norm, gradients=None), TypeError, "gradients must be True or False"),
+    (lambda: T.check_layer_norm(F.layer_norm, gradients="yes"), TypeError, "gradients must be True or False"),
+    (lambda: T.check_rms_norm(F.rms_norm, raise_on_failure=None), TypeError, "raise_on_failure must be True or False"),
+    (lambda: T.check_group_norm(None), TypeError, "fn must be your implementation, a callable"),
+    (lambda: T.check_layer_norm(3), TypeError, "fn must be your implementation, a callable"),
+    (lambda: T.check_layer_norm(F.layer_norm, dtypes=[torch.float32, torch.float32]), ValueError, "twice"),
+    (lambda: T.check_batch_norm(torch.nn.BatchNorm1d, ndims=(2.0,)), ValueError, "ints 2, 3 and 4 (got 2.0)"),
+    (lambda: T.check_batch_norm(torch.nn.BatchNorm1d, ndims=("2",)), ValueError, "(got '2')"),
+    (lambda: T.check_batch_norm(torch.nn.BatchNorm1d(3)), TypeError, "cls must be your class"),
+    (lambda: T.check_batch_norm(torch.nn.BatchNorm1d, gradients=1), TypeError, "gradients must be True or False"),
+], ids=lambda v: "" if callable(v) else str(v))
+def test_checker_options_are_refused_by_name(call, error, words):
+    """A malformed argument of the checker itself is one clear error, never a report of every case failed."""
+    with pytest.raises(error, match=re.escape(words)):
+        call()
+
+
+def test_a_numpy_eps_or_momentum_is_a_number():
+    import numpy as np
+
+    class NumpyHyper(torch.nn.BatchNorm1d):
+        def __init__(self, n):
+            super().__init__(n)
+            self.eps, self.momentum = np.float32(1e-5), np.float64(0.1)
+
+    assert T.check_batch_norm(NumpyHyper, ndims=(2,)).passed

@@ -424,14 +424,14 @@ def parser() -> _cli.Parser:
                    help="where to write the JSON record")
     p.add_argument("--plot", type=_cli.output_file((".svg", ".png", ".pdf")), default=None,
                    help="also draw the ratios into this figure (.svg, .png or .pdf)")
-    p.add_argument("--rounds", type=_cli.int_at_least(1), default=7, help="interleaved rounds per case (median taken)")
+    p.add_argument("--rounds", type=_cli.int_at_least(1, 1000), default=7, help="interleaved rounds per case (median taken)")
     p.add_argument("--budget", type=_cli.positive_float(60.0), default=0.1,
                    help="seconds per measurement (repetitions chosen to fill it; at most 60)")
     p.add_argument("--cases", nargs="+", default=None, choices=[c.name for c in CASES], metavar="CASE",
                    help="case names to run (default: all): " + ", ".join(repr(c.name) for c in CASES))
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidate")
     p.add_argument("--no-bert", action="store_true", help="skip the small-BERT measurement")
-    p.add_argument("--scale", type=_cli.int_at_least(1), default=1, help="divide every batch size by this (quick runs)")
+    p.add_argument("--scale", type=_cli.int_at_least(1, 1024), default=1, help="divide every batch size by this (quick runs)")
     return p
 
 

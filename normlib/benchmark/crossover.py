@@ -187,7 +187,7 @@ def parser() -> _cli.Parser:
     """The command line of ``python -m normlib.benchmark.crossover``."""
     p = _cli.Parser(prog="python -m normlib.benchmark.crossover", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=_cli.output_file((".json",)), default="crossover.json", help="where to write the table")
-    p.add_argument("--rounds", type=_cli.int_at_least(1), default=7, help="interleaved rounds per size (median taken)")
+    p.add_argument("--rounds", type=_cli.int_at_least(1, 1000), default=7, help="interleaved rounds per size (median taken)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="whose routes to measure")
     return p
 

@@ -32,6 +32,7 @@ from ._common import environment, provenance, write_json
 
 __all__ = ["SIZES", "build", "measure", "main"]
 
+MAX_POSITIONS, PROMPT = 2048, 32  # the model's positions, and the prompt's length
 # (hidden, layers, heads, kv heads, intermediate, vocab): a ~1B-parameter Llama on a GPU, a toy on CPU
 SIZES = {
     "cuda": (2048, 16, 32, 8, 5632, 32000),
@@ -48,7 +49,7 @@ def build(device: str, dtype: torch.dtype):
     hidden, layers, heads, kv, inter, vocab = SIZES[device]
     config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv, intermediate_size=inter, vocab_size=vocab,
-                         max_position_embeddings=2048)
+                         max_position_embeddings=MAX_POSITIONS)
     torch.manual_seed(0)
     original: Any = LlamaForCausalLM(config)  # transformers types .to() as its own wrapper's
     original = original.to(device, dtype).eval()
@@ -69,7 +70,7 @@ def _generate(model, prompt: torch.Tensor, tokens: int) -> tuple[torch.Tensor, f
     return out[:, prompt.shape[1]:], time.perf_counter() - t
 
 
-def measure(device: str = "cuda", tokens: int = 64, rounds: int = 5, batch: int = 1, prompt_len: int = 32) -> dict:
+def measure(device: str = "cuda", tokens: int = 64, rounds: int = 5, batch: int = 1, prompt_len: int = PROMPT) -> dict:
     """Median ms per token of the original and the swapped model, interleaved; and whether they agree."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     original, swapped, report = build(device, dtype)
@@ -100,9 +101,10 @@ def parser() -> _cli.Parser:
     p.add_argument("--out", type=_cli.output_file((".json",)), default="decode_benchmark.json",
                    help="where to write the JSON record")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu runs a toy model")
-    p.add_argument("--tokens", type=_cli.int_at_least(1), default=64, help="tokens generated per round")
-    p.add_argument("--rounds", type=_cli.int_at_least(1), default=5, help="interleaved rounds (median taken)")
-    p.add_argument("--batch", type=_cli.int_at_least(1), default=1, help="sequences decoded at once")
+    p.add_argument("--tokens", type=_cli.int_at_least(1, MAX_POSITIONS - PROMPT), default=64,
+                   help=f"tokens generated per round (the model holds {MAX_POSITIONS} positions, {PROMPT} of them the prompt)")
+    p.add_argument("--rounds", type=_cli.int_at_least(1, 1000), default=5, help="interleaved rounds (median taken)")
+    p.add_argument("--batch", type=_cli.int_at_least(1, 1024), default=1, help="sequences decoded at once")
     return p
 
 

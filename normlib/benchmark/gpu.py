@@ -469,8 +469,8 @@ def parser() -> _cli.Parser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda (default): this GPU benchmark; cpu: normlib.benchmark.cpu, with its own options")
     p.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
-    p.add_argument("--rows", nargs="+", type=_cli.int_at_least(1), default=list(ROWS), help="M, rows of each tensor")
-    p.add_argument("--widths", nargs="+", type=_cli.int_at_least(1), default=list(WIDTHS), help="N, the row width")
+    p.add_argument("--rows", nargs="+", type=_cli.int_at_least(1, 2**20), default=list(ROWS), help="M, rows of each tensor")
+    p.add_argument("--widths", nargs="+", type=_cli.int_at_least(1, 2**20), default=list(WIDTHS), help="N, the row width")
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
     p.add_argument("--providers", nargs="+", default=None, choices=PROVIDERS + OPTIONAL_PROVIDERS,
                    help="default: all of them, liger where Liger-Kernel is installed")

@@ -70,7 +70,8 @@ def stubbed_launch() -> Iterator[None]:
 
     # @triton.jit makes a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1: stub both
     kinds = tuple(k for k in (getattr(triton.runtime, "JITFunction", None),
-                              getattr(getattr(triton.runtime, "interpreter", None), "InterpretedFunction", None))
+                              getattr(getattr(triton.runtime, "interpreter", None), "InterpretedFunction", None),
+                              _kernels._Serialised)
                   if isinstance(k, type))
     kernels = {name: k for name, k in vars(_kernels).items() if isinstance(k, kinds)}
     saved = (routing.HAS_TRITON, routing._interpreter_on)
@@ -423,7 +424,7 @@ def parser() -> _cli.Parser:
     p = _cli.Parser(prog="python -m normlib.benchmark.host", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=_cli.output_file((".json",)), default="host_overhead.json",
                    help="where to write the JSON record")
-    p.add_argument("--rounds", type=_cli.int_at_least(1), default=15, help="interleaved rounds (median taken)")
+    p.add_argument("--rounds", type=_cli.int_at_least(1, 1000), default=15, help="interleaved rounds (median taken)")
     p.add_argument("--threads", type=_cli.int_at_least(1, 1024), default=1, help="torch's intra-op threads (default 1)")
     return p
 

@@ -319,8 +319,8 @@ def parser() -> _cli.Parser:
     p.add_argument("--out", type=_cli.output_file((".json",)), default="model_benchmark.json",
                    help="where to write the JSON record")
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    p.add_argument("--batch", type=_cli.int_at_least(1), default=DEFAULT_CONFIG["batch"], help="sequences per step")
-    p.add_argument("--rounds", type=_cli.int_at_least(1), default=6, help="interleaved rounds (median taken)")
+    p.add_argument("--batch", type=_cli.int_at_least(1, 1024), default=DEFAULT_CONFIG["batch"], help="sequences per step")
+    p.add_argument("--rounds", type=_cli.int_at_least(1, 1000), default=6, help="interleaved rounds (median taken)")
     p.add_argument("--hf-compile", action="store_true", help="also time torch.compile of the transformers models")
     return p
 

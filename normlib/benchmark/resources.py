@@ -13,7 +13,9 @@ replaces the kernels with Python functions)::
 
 Each spec is ``dtype:residual_dtype:kind:N`` (``none`` for no residual); with
 no spec it reports bf16 LayerNorm with an fp32 residual (the widest register
-set) at N = 1024 ... 32768. It prints a table, or with ``--json`` one JSON
+set) at N = 1024 ... 16384 (the widest row whose fp32 residual the kernels
+hold) and without a residual at N = 32768. N is bounded by the wider of the
+two dtypes, as the route bounds it. It prints a table, or with ``--json`` one JSON
 object per spec and kernel.
 """
 
@@ -117,7 +119,9 @@ def resources(arch: int, spec: str, fwd: Optional[dict] = None, bwd: Optional[di
     return out
 
 
-DEFAULT_SPECS = [f"bf16:fp32:layer:{n}" for n in (1024, 2048, 4096, 8192, 16384, 32768)]
+# the widest register set: bf16 LayerNorm with an fp32 residual, up to the widest row the route sends to the
+# kernels (16384: the fp32 residual row is 64 KiB), and the widest bf16 row without a residual
+DEFAULT_SPECS = [f"bf16:fp32:layer:{n}" for n in (1024, 2048, 4096, 8192, 16384)] + ["bf16:none:layer:32768"]
 
 
 # compute capabilities ptxas assembles for (sm_XX)
@@ -132,10 +136,11 @@ def parse_spec(text: str) -> str:
     dt, rdt, kind, n = _cli.spec(_SPEC_FORM, (
         _cli.one_of(tuple(_PTR)), _cli.one_of(("none",) + tuple(_PTR)), _cli.one_of(("layer", "rms")),
         _cli.field_int(1)))(text)
-    widest = MAX_ROW_BYTES // (int(_PTR[dt][-2:]) // 8)
+    size = max(int(_PTR[d][-2:]) // 8 for d in (dt, rdt) if d != "none")  # the residual's row is held too
+    widest = MAX_ROW_BYTES // size
     if n > widest:
-        raise argparse.ArgumentTypeError(f"{text!r}: the field N must be at most {widest} for {dt} "
-                                         f"(the kernels hold a row of up to {MAX_ROW_BYTES} bytes), got {n}")
+        raise argparse.ArgumentTypeError(f"{text!r}: the field N must be at most {widest} for {dt} with residual "
+                                         f"{rdt} (the kernels hold a row of up to {MAX_ROW_BYTES} bytes), got {n}")
     return text
 
 

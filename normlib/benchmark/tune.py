@@ -213,7 +213,7 @@ def _case(text: str) -> tuple:
     """A ``--cases`` entry ``op:dtype:M:N``, checked (a row the kernels take)."""
     from ..ops.routing import MAX_ROW_BYTES
 
-    op, dt, M, N = _cli.spec("op:dtype:M:N", (_cli.one_of(_OPS), _cli.one_of(tuple(DTYPES)), _cli.field_int(1),
+    op, dt, M, N = _cli.spec("op:dtype:M:N", (_cli.one_of(_OPS), _cli.one_of(tuple(DTYPES)), _cli.field_int(1, 2**20),
                                               _cli.field_int(1)))(text)
     widest = MAX_ROW_BYTES // DTYPES[dt].itemsize
     if N > widest:
@@ -232,7 +232,7 @@ def parser() -> _cli.Parser:
                    help=f"op:dtype:M:N, op from {', '.join(_OPS)}, dtype from {', '.join(DTYPES)} "
                         "(default: a built-in list)")
     p.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
-    p.add_argument("--sweeps", type=_cli.int_at_least(1), default=2, help="coordinate-descent sweeps per case")
+    p.add_argument("--sweeps", type=_cli.int_at_least(1, 100), default=2, help="coordinate-descent sweeps per case")
     return p
 
 

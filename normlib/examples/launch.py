@@ -124,7 +124,7 @@ def spawn(
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"{nproc} processes running {getattr(fn, '__name__', fn)} did not finish "
-                    f"within {timeout:.0f} s; they were killed"
+                    f"within {timeout:g} s; they were killed"
                 )
         return [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(nproc)]
     finally:

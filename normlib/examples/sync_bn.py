@@ -380,12 +380,14 @@ def parser() -> _cli.Parser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--nproc", type=_cli.int_at_least(1, 64), default=2, help="processes to spawn (ignored under torchrun)")
-    p.add_argument("--per-rank", type=_cli.int_at_least(1), default=4, help="samples per process per step")
-    p.add_argument("--steps", type=_cli.int_at_least(1), default=10, help="float64 training steps compared")
-    p.add_argument("--time-steps", type=_cli.int_at_least(0), default=20, help="timed steps of each kind (0: no timing)")
-    p.add_argument("--time-batch", type=_cli.int_at_least(1), default=32, help="samples per process in the timed steps")
+    p.add_argument("--per-rank", type=_cli.int_at_least(1, 4096), default=4, help="samples per process per step")
+    p.add_argument("--steps", type=_cli.int_at_least(1, 100000), default=10, help="float64 training steps compared")
+    p.add_argument("--time-steps", type=_cli.int_at_least(0, 100000), default=20,
+                   help="timed steps of each kind (0: no timing)")
+    p.add_argument("--time-batch", type=_cli.int_at_least(1, 4096), default=32,
+                   help="samples per process in the timed steps")
     p.add_argument("--seed", type=_cli.int_at_least(0, 2**32 - 1), default=0, help="seed of the data and the weights")
-    p.add_argument("--timeout", type=_cli.positive_float(), default=300.0, help="seconds before giving up")
+    p.add_argument("--timeout", type=_cli.positive_float(86400.0), default=300.0, help="seconds before giving up")
     p.add_argument("--json", metavar="PATH", type=_cli.output_file((".json",)),
                    help="also write rank 0's results here (checked before any process starts)")
     return p
@@ -415,6 +417,15 @@ def main(argv: list[str] | None = None) -> dict:
     return res
 
 
+def _command(argv: list[str] | None = None) -> int:
+    """``python -m normlib.examples.sync_bn``: :func:`main`, with a run that did not finish in ``--timeout``
+    seconds reported in one line (exit status 1)."""
+    try:
+        main(argv)
+    except TimeoutError as e:
+        return _cli.fail("python -m normlib.examples.sync_bn", str(e), status=1)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    sys.exit(_command())

@@ -20,6 +20,8 @@ This module imports Triton; import it only through :mod:`normlib.ops`.
 from __future__ import annotations
 
 import functools
+import os
+import threading
 from typing import Optional
 
 import torch
@@ -534,3 +536,29 @@ def norm_bwd(dy, dres, x, weight, bias_dtype, mean, rstd, is_rms, x_dtype, resid
 # N = 1024 gives 32 programs (with 256 it gave 4, and the reduction of many
 # partial sums took longer than the backward kernel itself).
 _COL_BLOCK = 32
+
+
+class _Serialised:
+    """A kernel whose launches hold one lock: Triton's interpreter (``TRITON_INTERPRET=1``, which runs the
+    kernels on CPU tensors) keeps global state and is not thread-safe, so two threads launching at once
+    crash each other. Compiled kernels are left as they are (no lock, no extra call on a GPU)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                return launch(*args, **kwargs)
+
+        return locked
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # read when Triton is imported, as Triton itself reads it
+    _norm_fwd_kernel = _Serialised(_norm_fwd_kernel)
+    _norm_bwd_kernel = _Serialised(_norm_bwd_kernel)
+    _col_sum_kernel = _Serialised(_col_sum_kernel)

@@ -120,11 +120,11 @@ def save(ctx, x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], b
     was added, else ``x``), γ, ``mean`` and ``rstd``; plain attributes: the
     dtypes the gradients must have, ``eps``, the norm and its rounding.
     """
-    normalized = res_out if res_out is not None else x
+    # residual_out where a residual was added (the custom operator passes an empty one otherwise)
+    normalized = x if residual is None or res_out is None else res_out
     # Only a tensor that needs no gradient can have been made under inference mode (and cannot be saved as
     # it is); asked through requires_grad first, an attribute: a call with gradients pays no extra call.
-    if (not normalized.requires_grad and normalized.is_inference()) or (
-            weight is not None and not weight.requires_grad and weight.is_inference()):
+    if (not normalized.requires_grad or (weight is not None and not weight.requires_grad)):
         normalized, weight = for_backward(normalized, weight)
     ctx.save_for_backward(normalized, weight, mean, rstd)
     ctx.eps, ctx.rms, ctx.rounding = eps, rms, rounding

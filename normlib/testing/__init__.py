@@ -37,7 +37,7 @@ by how much. With ``raise_on_failure=False`` it only returns the report;
 ``report.passed`` says whether every case passed and ``print(report)`` lists
 them.
 
-Tolerances come from the one rule of :mod:`normlib.testing.tolerance`,
+Tolerances come from the one rule of ``normlib.testing.tolerance``,
 2(r·u_out + κλ√n·u_acc), applied to each output element with what it is made
 of: the roundings (up to ``r = 8``, one per step of the formula written out in
 the input's dtype) relative to ``|x̂·γ| + |β|``, the error of the statistics

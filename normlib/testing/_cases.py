@@ -168,6 +168,16 @@ def _constant_kappa(values, eps: float) -> float:
     return max(1.0, largest / math.sqrt(eps)) if eps > 0 else 1.0
 
 
+def _check_options(checker: str, subject, gradients, raise_on_failure, what: str = "fn") -> None:
+    """A checker's own arguments, refused up front with the argument's name (never a report of 30 failures)."""
+    if not callable(subject):
+        raise TypeError(f"{checker}: {what} must be your implementation, a callable (got {type(subject).__name__} "
+                        f"{subject!r})")
+    for name, value in (("gradients", gradients), ("raise_on_failure", raise_on_failure)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{checker}: {name} must be True or False (got {type(value).__name__} {value!r})")
+
+
 def _dtypes(dtypes, default=DTYPES):
     """The dtypes a checker runs: ``None`` for its default, else a non-empty sequence of known dtypes."""
     if dtypes is None:
@@ -182,6 +192,8 @@ def _dtypes(dtypes, default=DTYPES):
     for d in out:
         if d not in DTYPES:
             raise ValueError(f"dtypes may hold {', '.join(map(str, DTYPES))} (got {d!r})")
+    if len(set(out)) != len(out):
+        raise ValueError(f"dtypes names a dtype twice ({', '.join(map(str, out))}): each runs once")
     return out
 
 

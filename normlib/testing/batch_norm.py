@@ -10,13 +10,14 @@ with a float64 reference.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from .. import functional as _F
-from ._cases import _HALF, _WHY, _constant_kappa, _dtypes, _leaf, _params
+from ._cases import _HALF, _WHY, _check_options, _constant_kappa, _dtypes, _leaf, _params
 from .tolerance import tolerance
 from ._report import (
     ROUNDINGS,
@@ -228,11 +229,11 @@ def _hyper(m) -> tuple:
     """The module's momentum and eps (torch's 0.1 and 1e-5 where it has none)."""
     mom = getattr(m, "momentum", 0.1)
     eps = getattr(m, "eps", 1e-5)
-    if mom is not None and (isinstance(mom, bool) or not isinstance(mom, (int, float))):
+    if mom is not None and (isinstance(mom, bool) or not isinstance(mom, numbers.Real)):
         raise _Failed(f"the module's momentum is {mom!r}: expected a number in [0, 1] or None")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise _Failed(f"the module's eps is {eps!r}: expected a number")
-    return mom, float(eps)
+    return (None if mom is None else float(mom)), float(eps)
 
 
 def _check_initial(m) -> None:
@@ -263,8 +264,8 @@ class _Run:
                              "would pass anything")
         candidates = list(ndims) if ndims is not None else [2, 3, 4]
         for nd in candidates:
-            if nd not in _BN_LAYOUT:
-                raise ValueError(f"ndims may hold 2, 3 and 4 (got {nd})")
+            if isinstance(nd, bool) or not isinstance(nd, int) or nd not in _BN_LAYOUT:
+                raise ValueError(f"ndims may hold the ints 2, 3 and 4 (got {nd!r})")
         if not self.probe:
             return candidates
         layouts, refused = [], {}
@@ -502,6 +503,10 @@ def check_batch_norm(
         >>> check_batch_norm(torch.nn.BatchNorm1d, ndims=(2, 3)).passed
         True
     """
+    if isinstance(cls, torch.nn.Module):
+        raise TypeError(f"check_batch_norm: cls must be your class (or a callable that builds a new module from "
+                        f"num_features), e.g. check_batch_norm(MyBatchNorm); got the module {cls!r}")
+    _check_options("check_batch_norm", cls, gradients, raise_on_failure, what="cls")
     run = _Run(cls, gradients, probe=ndims is None)
     report = CheckReport("check_batch_norm", _subject_name(cls))
     run_dtypes = _dtypes(dtypes, (torch.float32, torch.float64))

@@ -11,6 +11,7 @@ from ._cases import (
     _CONSTANTS,
     _HALF,
     _WHY,
+    _check_options,
     _constant_kappa,
     _constant_rows,
     _dtypes,
@@ -53,6 +54,7 @@ def check_group_norm(
         >>> check_group_norm(functional.group_norm).passed
         True
     """
+    _check_options("check_group_norm", fn, gradients, raise_on_failure)
     gen = torch.Generator().manual_seed(2)
     whys = dict(_WHY)
     whys["basic"] = (

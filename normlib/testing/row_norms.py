@@ -12,6 +12,7 @@ from ._cases import (
     _CONSTANTS_WORDS,
     _HALF,
     _WHY,
+    _check_options,
     _constant_kappa,
     _constant_rows,
     _dtypes,
@@ -53,6 +54,7 @@ def check_layer_norm(
         >>> check_layer_norm(F.layer_norm).passed
         True
     """
+    _check_options("check_layer_norm", fn, gradients, raise_on_failure)
     gen = torch.Generator().manual_seed(0)
     cases = []
     for dt in _dtypes(dtypes):
@@ -111,6 +113,7 @@ def check_rms_norm(
         >>> check_rms_norm(F.rms_norm).passed
         True
     """
+    _check_options("check_rms_norm", fn, gradients, raise_on_failure)
     gen = torch.Generator().manual_seed(1)
     whys = dict(_WHY)
     whys["basic"] = "the formula itself: root of the mean of squares (no mean subtracted), eps inside the square root, then γ"
