@@ -5,7 +5,7 @@
 #   make check  lint, type check and the fast library tests
 # and one to read the chapters interactively:
 #   make lab    same set-up plus JupyterLab (installed by this target only), opened on book/
-# The repository the book links to is one setting, read by the build and the tests:
+# The repository the book links to is one setting, read by the build, the tests and setup.py (the project URLs):
 #   NORMLIB_REPOSITORY_URL=https://github.com/<owner>/<repo> make book
 SHELL := /bin/bash
 PYTHON ?= python3

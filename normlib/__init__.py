@@ -9,6 +9,7 @@ from . import functional, interop, ops, testing
 from .attention import MultiHeadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
 from .distributed import SyncBatchNorm
+from .errors import NormTypeError, NormValueError
 from .normalization import GroupNorm, LayerNorm, RMSNorm
 from .swap import SwapReport, swap_norms, unswap_norms
 from .transformer import TransformerBlock
@@ -24,6 +25,8 @@ __all__ = [
     "swap_norms",
     "unswap_norms",
     "SwapReport",
+    "NormValueError",
+    "NormTypeError",
     "LayerNorm",
     "RMSNorm",
     "GroupNorm",

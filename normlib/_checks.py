@@ -14,6 +14,7 @@ from typing import Literal, Optional, Sequence, Union, overload
 import torch
 
 from .numerics import acc_dtype, numel
+from .errors import NormValueError, NormTypeError
 
 _shape_t = Union[int, Sequence[int], torch.Size]
 
@@ -21,18 +22,18 @@ _shape_t = Union[int, Sequence[int], torch.Size]
 def check_float_tensor(x: object, name: str = "input") -> torch.Tensor:
     """``x`` must be a dense, real floating-point tensor."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor (got {type(x).__name__})")
+        raise NormTypeError(f"{name} must be a torch.Tensor (got {type(x).__name__})")
     if x.is_nested:
-        raise TypeError(
+        raise NormTypeError(
             f"{name} must be a regular (strided) tensor, not a nested tensor; normalize each "
             f"component (e.g. torch.stack of {name}.unbind() when they share a shape, or {name}.to_padded_tensor(0))"
         )
     if x.layout != torch.strided:
-        raise TypeError(
+        raise NormTypeError(
             f"{name} must be a dense (strided) tensor (got layout {x.layout}); convert it with {name}.to_dense()"
         )
     if not x.is_floating_point():
-        raise TypeError(
+        raise NormTypeError(
             f"{name} must be a floating-point tensor (float16, bfloat16, float32 "
             f"or float64), got dtype {x.dtype}; convert it first, e.g. {name}.float()"
         )
@@ -55,7 +56,7 @@ def check_dtypes(input: torch.Tensor, **tensors: torch.Tensor | None) -> torch.T
     for name, t in tensors.items():
         if t is None or t.dtype == input.dtype or (t.dtype == torch.float32 and input.dtype in _HALF):
             continue
-        raise TypeError(
+        raise NormTypeError(
             f"input has dtype {input.dtype} but {name} has dtype {t.dtype}; the parameters and buffers "
             f"of a norm must have the input's dtype (or float32 for float16/bfloat16 input), as in "
             f"torch.nn: convert the module (module.to({input.dtype})) or the input (input.to({t.dtype}))"
@@ -77,13 +78,13 @@ def check_eps(eps: object, name: str = "eps") -> float:
         # even where isinstance says float; math.isfinite cannot be traced on it.
         return eps  # type: ignore[return-value]  # a SymFloat/SymInt stands in for the float
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{name} must be a real number (got {type(eps).__name__})")
+        raise NormTypeError(f"{name} must be a real number (got {type(eps).__name__})")
     try:
         eps = float(eps)
-    except OverflowError:  # an int beyond float's range (10**400)
-        raise ValueError(f"{name} must be a finite number >= 0 (got an int of {len(str(abs(eps)))} digits)") from None
+    except OverflowError:  # a number beyond float's range (10**400)
+        raise NormValueError(f"{name} must be a finite number >= 0 (got {_shown(eps)})") from None
     if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"{name} must be a finite number >= 0 (got {eps})")
+        raise NormValueError(f"{name} must be a finite number >= 0 (got {eps})")
     return eps
 
 
@@ -96,20 +97,32 @@ def check_momentum(momentum: object, allow_none: bool = True) -> float | None:
     if momentum is None:
         if allow_none:
             return None
-        raise TypeError("momentum must be a number in [0, 1] (got None)")
+        raise NormTypeError("momentum must be a number in [0, 1] (got None)")
     if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
-        raise TypeError(f"momentum must be a number in [0, 1] or None (got {type(momentum).__name__})")
+        raise NormTypeError(f"momentum must be a number in [0, 1] or None (got {type(momentum).__name__})")
     if not 0 <= momentum <= 1:  # type: ignore[operator]  # any Real compares; before float(): 10**400 overflows
-        raise ValueError(f"momentum must be in [0, 1] (got {momentum})")
+        raise NormValueError(f"momentum must be in [0, 1] (got {_shown(momentum)})")
     return float(momentum)
 
 
 def check_positive_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int (got {type(value).__name__} {value!r})")
+        raise NormTypeError(f"{name} must be a positive int (got {type(value).__name__} {value!r})")
     if value <= 0:
-        raise ValueError(f"{name} must be a positive int (got {value})")
+        raise NormValueError(f"{name} must be a positive int (got {value})")
     return int(value)
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message: a number too large to print in full (10**5000) as its size."""
+    try:
+        if abs(float(value)) < 1e15:  # type: ignore[arg-type]
+            return str(value)
+    except (OverflowError, TypeError, ValueError):
+        pass
+    if isinstance(value, numbers.Integral):
+        return f"a number of about {int(int(value).bit_length() * 0.30103) + 1} digits"
+    return f"a number beyond float's range ({type(value).__name__})"
 
 
 def normalize_shape(normalized_shape: _shape_t) -> tuple[int, ...]:
@@ -122,22 +135,25 @@ def normalize_shape(normalized_shape: _shape_t) -> tuple[int, ...]:
         try:
             shape = tuple(normalized_shape)  # type: ignore[arg-type]  # mypy cannot rule int out through numbers.Integral
         except TypeError:
-            raise TypeError(
+            raise NormTypeError(
                 f"normalized_shape must be an int or a sequence of ints "
                 f"(got {type(normalized_shape).__name__})"
             ) from None
     if len(shape) == 0:
-        raise ValueError("normalized_shape must have at least one dimension (got ())")
+        raise NormValueError("normalized_shape must have at least one dimension (got ())")
+    if torch._C._get_tracing_state() is not None:  # torch.jit.trace hands x.shape's sizes over as 0-d int tensors
+        shape = tuple(int(s) if isinstance(s, torch.Tensor) and s.dim() == 0 and not s.is_floating_point() else s
+                      for s in shape)
     for s in shape:
         if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0:
-            raise ValueError(f"normalized_shape must hold non-negative ints (got {shape})")
+            raise NormValueError(f"normalized_shape must hold non-negative ints (got {shape})")
     return tuple(int(s) for s in shape)
 
 
 def check_trailing_shape(x: torch.Tensor, shape: tuple[int, ...]) -> None:
     """The last ``len(shape)`` dimensions of ``x`` must equal ``shape``."""
     if x.dim() < len(shape) or tuple(x.shape[-len(shape):]) != shape:
-        raise ValueError(
+        raise NormValueError(
             f"normalized_shape={list(shape)} must match the last {len(shape)} "
             f"dimension(s) of input, but input has shape {list(x.shape)}"
         )
@@ -151,7 +167,7 @@ def check_param(
         return
     check_float_tensor(p, name)
     if tuple(p.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)} (got {list(p.shape)})")
+        raise NormValueError(f"{name} must have shape {list(shape)} (got {list(p.shape)})")
     if input is not None:
         check_same_device(input, **{name: p})
 
@@ -172,7 +188,7 @@ def check_same_device(input: torch.Tensor, **tensors: torch.Tensor | None) -> No
                 if t.device.type == "meta"
                 else ""
             )
-            raise ValueError(
+            raise NormValueError(
                 f"{name} is on device {t.device} but input is on {input.device}{hint}; move the module or the "
                 f"input so that both are on one device"
             )
@@ -181,7 +197,7 @@ def check_same_device(input: torch.Tensor, **tensors: torch.Tensor | None) -> No
 def check_channels(x: torch.Tensor, what: str, min_dim: int = 2) -> int:
     """Input of a channel norm is (N, C, *); returns C."""
     if x.dim() < min_dim:
-        raise ValueError(
+        raise NormValueError(
             f"{what} expects input of shape (N, C, *) with at least {min_dim} "
             f"dimensions (got {x.dim()}D input of shape {list(x.shape)})"
         )
@@ -288,9 +304,9 @@ def check_batch_norm_args(input, running_mean, running_var, weight, bias, traini
     momentum = check_momentum(momentum, allow_none=False)
     eps = check_eps(eps)
     if not training and running_mean is None:
-        raise ValueError("batch_norm in evaluation (training=False) needs running_mean and running_var")
+        raise NormValueError("batch_norm in evaluation (training=False) needs running_mean and running_var")
     if training and C and input.numel() // C == 1:
-        raise ValueError(
+        raise NormValueError(
             f"batch_norm in training needs more than 1 value per channel to "
             f"estimate a variance (got input of shape {list(input.shape)})"
         )
@@ -304,7 +320,7 @@ def _check_channel_norm_args(what, input, running_mean, running_var, weight, bia
     _check_running(running_mean, "running_mean", C, input)
     _check_running(running_var, "running_var", C, input)
     if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean and running_var must be given together (got one of them)")
+        raise NormValueError("running_mean and running_var must be given together (got one of them)")
     check_param(weight, "weight", (C,), input)
     check_param(bias, "bias", (C,), input)
     check_dtypes(input, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var)
@@ -320,7 +336,7 @@ def check_group_norm_args(input, num_groups, weight, bias, eps) -> tuple[int, fl
     C = _check_channel_norm_args("group_norm", input, None, None, weight, bias)
     G = check_positive_int(num_groups, "num_groups")
     if C % G != 0:
-        raise ValueError(
+        raise NormValueError(
             f"num_groups must divide the number of channels: got num_groups={G} "
             f"for input with {C} channels"
         )
@@ -334,9 +350,9 @@ def check_instance_norm_args(input, running_mean, running_var, weight, bias, use
     momentum = check_momentum(momentum, allow_none=False)
     eps = check_eps(eps)
     if not use_input_stats and running_mean is None:
-        raise ValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
+        raise NormValueError("instance_norm with use_input_stats=False needs running_mean and running_var")
     if use_input_stats and numel(input, range(2, input.dim())) == 1:
-        raise ValueError(
+        raise NormValueError(
             f"instance_norm needs more than 1 spatial element per channel "
             f"(got input of shape {list(input.shape)})"
         )

@@ -95,7 +95,10 @@ def output_file(suffixes: Sequence[str] = ()) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(f"expected a file name ending in {' or '.join(suffixes)}, got {text!r}")
         if os.path.isdir(text):
             raise argparse.ArgumentTypeError(f"expected a file to write, got the folder {text!r}")
-        folder = os.path.dirname(os.path.abspath(text))
+        target = _target(text)  # a symbolic link is written through: its target is what must be writable
+        if target != text and os.path.isdir(target):
+            raise argparse.ArgumentTypeError(f"expected a file to write, got a link to the folder {target!r}")
+        folder = os.path.dirname(os.path.abspath(target))
         longest = _name_max(folder)
         if len(os.fsencode(os.path.basename(text))) > longest:
             raise argparse.ArgumentTypeError(f"cannot write {text!r}: its name is longer than the {longest} "

@@ -12,6 +12,7 @@ zeros) instead of producing NaN.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from ._autocast import autocast_enabled
 from ._checks import check_float_tensor, check_positive_int
+from .errors import NormValueError, NormTypeError
 
 __all__ = ["MultiHeadAttention"]
 
@@ -72,15 +74,15 @@ class MultiHeadAttention(nn.Module):
         torch.Size([2, 5, 16])
     """
 
-    def __init__(self, d_model: int, n_head: int, bias: bool = True, device=None, dtype=None, *, impl: str = "math") -> None:
+    def __init__(self, d_model: int, n_head: int, bias: bool = True, device=None, dtype=None, *, impl: Literal["math", "sdpa"] = "math") -> None:
         super().__init__()
         if impl not in ("math", "sdpa"):
-            raise ValueError(f'impl must be "math" or "sdpa" (got {impl!r})')
+            raise NormValueError(f'impl must be "math" or "sdpa" (got {impl!r})')
         self.impl = impl
         self.d_model = check_positive_int(d_model, "d_model")
         self.n_head = check_positive_int(n_head, "n_head")
         if d_model % n_head != 0:
-            raise ValueError(
+            raise NormValueError(
                 f"d_model must be divisible by n_head (got d_model={d_model}, n_head={n_head})"
             )
         factory = {"device": device, "dtype": dtype}
@@ -92,17 +94,17 @@ class MultiHeadAttention(nn.Module):
     def _check(self, name: str, t: Tensor) -> None:
         check_float_tensor(t, name)
         if t.dim() != 3 or t.shape[-1] != self.d_model:
-            raise ValueError(
+            raise NormValueError(
                 f"{name} must have shape (B, T, d_model={self.d_model}) "
                 f"(got {list(t.shape)})"
             )
         w = self.w_q.weight
         if t.device != w.device:
-            raise ValueError(f"{name} is on device {t.device} but the module's weights are on {w.device}")
+            raise NormValueError(f"{name} is on device {t.device} but the module's weights are on {w.device}")
         # The projections are matrix products: torch needs one dtype for both operands
         # (autocast casts them to a common one itself).
         if t.dtype != w.dtype and not autocast_enabled(t.device.type):
-            raise TypeError(
+            raise NormTypeError(
                 f"{name} has dtype {t.dtype} but the module's weights have dtype {w.dtype}; convert one of "
                 f"them (module.to({t.dtype}) or {name}.to({w.dtype})), or run under torch.autocast"
             )
@@ -164,14 +166,14 @@ class MultiHeadAttention(nn.Module):
         are zero; see the class docstring). Returns ``(B, T, d_model)``.
         """
         if not isinstance(causal, bool):
-            raise TypeError(
+            raise NormTypeError(
                 f"causal must be a bool (got {type(causal).__name__}); pass masks by "
                 f"keyword: key_padding_mask=..., attn_mask=..."
             )
         for name, t in (("q", q), ("k", k), ("v", v)):
             self._check(name, t)
         if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0]:
-            raise ValueError(
+            raise NormValueError(
                 f"q, k, v must share the batch size and k, v the length "
                 f"(got q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)})"
             )
@@ -213,17 +215,17 @@ class MultiHeadAttention(nn.Module):
 def _check_mask(mask: object, name: str, q: Tensor, shapes: list[tuple[int, ...]], expected: str) -> None:
     """A mask must be a bool or float tensor of one of ``shapes``, on ``q``'s device."""
     if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor (got {type(mask).__name__})")
+        raise NormTypeError(f"{name} must be a torch.Tensor (got {type(mask).__name__})")
     if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise TypeError(
+        raise NormTypeError(
             f"{name} must be a bool tensor (True = may not attend) or a float tensor "
             f"added to the scores (got dtype {mask.dtype}); convert it first, e.g. "
             f"{name}.bool()"
         )
     if tuple(mask.shape) not in shapes:
-        raise ValueError(f"{name} must have shape {expected} = {' or '.join(str(list(s)) for s in shapes)} (got {list(mask.shape)})")
+        raise NormValueError(f"{name} must have shape {expected} = {' or '.join(str(list(s)) for s in shapes)} (got {list(mask.shape)})")
     if mask.device != q.device:
-        raise ValueError(f"{name} must be on the device of q ({q.device}), got {mask.device}")
+        raise NormValueError(f"{name} must be on the device of q ({q.device}), got {mask.device}")
 
 
 def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:

@@ -36,6 +36,7 @@ from . import ops
 from .numerics import momentum_for_step
 from ._checks import check_eps, check_float_tensor, check_momentum, check_positive_int
 from .normalization import _accepts_bias, _NormlibRepr
+from .errors import NormValueError
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "InstanceNorm1d", "InstanceNorm2d"]
 
@@ -129,12 +130,12 @@ class _BatchNorm(_NormBase, _tbn._BatchNorm):
         check_float_tensor(input)
         if input.dim() not in self._ndims:
             want = " or ".join(f"{d}D" for d in self._ndims)
-            raise ValueError(
+            raise NormValueError(
                 f"{type(self).__name__} expects {want} input (got {input.dim()}D input "
                 f"of shape {list(input.shape)})"
             )
         if input.shape[1] != self.num_features:
-            raise ValueError(
+            raise NormValueError(
                 f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
                 f"channels in dimension 1 (got input of shape {list(input.shape)})"
             )
@@ -214,7 +215,7 @@ class _InstanceNorm(_NormBase, _tin._InstanceNorm):
         check_float_tensor(input)
         batched = self._spatial + 2
         if input.dim() not in (batched - 1, batched):
-            raise ValueError(
+            raise NormValueError(
                 f"{type(self).__name__} expects {batched - 1}D (unbatched) or {batched}D "
                 f"input (got {input.dim()}D input of shape {list(input.shape)})"
             )
@@ -222,7 +223,7 @@ class _InstanceNorm(_NormBase, _tin._InstanceNorm):
         x = input.unsqueeze(0) if unbatched else input
         if x.shape[1] != self.num_features:
             if self.affine or self.track_running_stats:  # γ, β or the running statistics need that many
-                raise ValueError(
+                raise NormValueError(
                     f"{type(self).__name__}({self.num_features}) expects {self.num_features} "
                     f"channels (got input of shape {list(input.shape)})"
                 )

@@ -61,6 +61,7 @@ from . import functional as F
 from ._checks import _check_channel_norm_args, check_float_tensor
 from .batchnorm import _buffer, _NormBase
 from .numerics import acc_dtype, centre, for_backward, channel_view, momentum_for_step, numel, sum_of_squares, update_running
+from .errors import NormValueError, NormTypeError
 
 __all__ = [
     "SyncBatchNorm",
@@ -127,7 +128,7 @@ def local_moments(x: Tensor) -> tuple[int, Tensor, Tensor]:
     """
     check_float_tensor(x, "x")
     if x.dim() < 2:
-        raise ValueError(f"local_moments expects x of shape (N, C, *) (got {x.dim()}D x of shape {list(x.shape)})")
+        raise NormValueError(f"local_moments expects x of shape (N, C, *) (got {x.dim()}D x of shape {list(x.shape)})")
     x = x.to(acc_dtype(x.dtype))
     n, x0, _, shifted_mean, m2 = _shifted_moments(x)
     return n, x0.to(_WIRE) + shifted_mean.to(_WIRE), m2.to(_WIRE)
@@ -173,19 +174,19 @@ def combine_moments(count: Tensor, mean: Tensor, m2: Tensor) -> tuple[Tensor, Te
     """
     for name, t in (("count", count), ("mean", mean), ("m2", m2)):
         if not isinstance(t, Tensor):
-            raise TypeError(f"combine_moments: {name} must be a torch.Tensor (got {type(t).__name__})")
+            raise NormTypeError(f"combine_moments: {name} must be a torch.Tensor (got {type(t).__name__})")
     check_float_tensor(mean, "mean")
     check_float_tensor(m2, "m2")
     if count.dim() != 1 or mean.dim() != 2 or m2.shape != mean.shape or mean.shape[0] != count.shape[0]:
-        raise ValueError(
+        raise NormValueError(
             f"combine_moments expects count (W,), mean (W, C) and m2 (W, C) "
             f"(got {list(count.shape)}, {list(mean.shape)}, {list(m2.shape)})"
         )
     if count.shape[0] == 0:
-        raise ValueError("combine_moments needs at least one part (got count of shape [0])")
+        raise NormValueError("combine_moments needs at least one part (got count of shape [0])")
     counts = count.tolist()
     if any(not math.isfinite(c) or c < 0 or c != int(c) for c in counts):
-        raise ValueError(f"combine_moments: count must hold non-negative whole numbers (got {counts})")
+        raise NormValueError(f"combine_moments: count must hold non-negative whole numbers (got {counts})")
     nonempty = [c > 0 for c in counts]
     count = count.to(mean.dtype)
     n_a = count[0]
@@ -380,13 +381,13 @@ def _raise_if_mismatched(table: list[list[int]], rank: int) -> None:
     channels = [int(row[0]) for row in table]
     kinds = [_device_name(int(row[1])) for row in table]
     if len(set(channels)) > 1:
-        raise ValueError(
+        raise NormValueError(
             f"SyncBatchNorm: the processes of the group disagree on the number of channels "
             f"(rank -> channels: {dict(enumerate(channels))}; this is rank {rank}); every "
             f"process must build the same model"
         )
     if len(set(kinds)) > 1:
-        raise ValueError(
+        raise NormValueError(
             f"SyncBatchNorm: the process group spans devices of different kinds "
             f"(rank -> device: {dict(enumerate(kinds))}; this is rank {rank}); put the model "
             f"and its input on the same kind of device in every process"
@@ -441,7 +442,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         n_t, mean64, m264 = combine_moments(counts, means, m2s)
         n = int(n_t.item())
         if n <= 1:
-            raise ValueError(
+            raise NormValueError(
                 f"SyncBatchNorm in training needs more than 1 value per channel across the "
                 f"process group to estimate a variance (got {n}; per rank: "
                 f"{[int(c) for c in counts.tolist()]})"
@@ -569,7 +570,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf:
-            raise ValueError(f"timeout must be a positive number of seconds (got {timeout!r})")
+            raise NormValueError(f"timeout must be a positive number of seconds (got {timeout!r})")
         self.process_group = process_group
         self.timeout: float = float(timeout)
         # Layers are numbered in the order a process builds them: the same on every rank of a
@@ -583,12 +584,12 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
     def _check_input_dim(self, input: Tensor) -> None:
         check_float_tensor(input)
         if input.dim() < 2:
-            raise ValueError(
+            raise NormValueError(
                 f"SyncBatchNorm expects input of shape (N, C, *) with at least 2 dimensions "
                 f"(got {input.dim()}D input of shape {list(input.shape)})"
             )
         if input.shape[1] != self.num_features:
-            raise ValueError(
+            raise NormValueError(
                 f"SyncBatchNorm({self.num_features}) expects {self.num_features} channels in "
                 f"dimension 1 (got input of shape {list(input.shape)})"
             )
@@ -605,7 +606,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
             return None
         group = self.process_group if self.process_group is not None else dist.group.WORLD
         if group == dist.GroupMember.NON_GROUP_MEMBER:
-            raise ValueError(
+            raise NormValueError(
                 "SyncBatchNorm: this process is not a member of the layer's process_group "
                 "(new_group() returned NON_GROUP_MEMBER here); give each process a group it belongs to"
             )
@@ -631,7 +632,7 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
         try:
             self._check_input(input)
             if _uses_nccl_only(group) and input.device.type != "cuda":
-                raise ValueError(
+                raise NormValueError(
                     f"SyncBatchNorm: the process group's backend is nccl, which needs CUDA tensors "
                     f"(got input on {input.device}); use the gloo backend for CPU tensors"
                 )
@@ -690,14 +691,14 @@ class SyncBatchNorm(_NormBase, nn.SyncBatchNorm):
             ('SyncBatchNorm', True)
         """
         if not isinstance(module, nn.Module):
-            raise TypeError(f"convert_sync_batchnorm: module must be a torch.nn.Module (got {type(module).__name__})")
+            raise NormTypeError(f"convert_sync_batchnorm: module must be a torch.nn.Module (got {type(module).__name__})")
         if isinstance(module, cls):
             return module
         if isinstance(module, nn.modules.batchnorm._BatchNorm):  # normlib's BatchNorm classes are subclasses
             for name in ("weight", "bias"):
                 p = getattr(module, name, None)
                 if isinstance(p, nn.parameter.UninitializedParameter):
-                    raise ValueError(
+                    raise NormValueError(
                         f"convert_sync_batchnorm: {type(module).__name__}.{name} is not initialised "
                         f"yet (a lazy module); run one forward pass before converting"
                     )
@@ -758,7 +759,7 @@ class DistributedDataParallel(nn.parallel.DistributedDataParallel):
         for layer in module.modules():
             if isinstance(layer, nn.SyncBatchNorm) and not isinstance(layer, SyncBatchNorm):
                 if self.device_type == "cpu":
-                    raise ValueError(
+                    raise NormValueError(
                         "torch.nn.SyncBatchNorm layers only work with GPU modules; on CPU convert the model "
                         "with normlib.SyncBatchNorm.convert_sync_batchnorm, which works over gloo"
                     )

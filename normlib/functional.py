@@ -73,6 +73,7 @@ from ._checks import (
     check_trailing_shape,
     normalize_shape,
 )
+from .errors import NormValueError, NormTypeError
 
 __all__ = [
     "layer_norm",
@@ -154,18 +155,18 @@ def _check_dims(dims: object, ndim: int) -> tuple[int, ...]:
     try:
         given: tuple[object, ...] = tuple(dims)  # type: ignore[arg-type]  # any iterable; TypeError below otherwise
     except TypeError:
-        raise TypeError(f"dims must be an int or a sequence of ints (got {type(dims).__name__})") from None
+        raise NormTypeError(f"dims must be an int or a sequence of ints (got {type(dims).__name__})") from None
     if not given:
-        raise ValueError("dims must name at least one dimension (got an empty sequence)")
+        raise NormValueError("dims must name at least one dimension (got an empty sequence)")
     out = []
     for d in given:
         if isinstance(d, bool) or not isinstance(d, int):
-            raise TypeError(f"dims must hold ints (got {d!r} of type {type(d).__name__})")
+            raise NormTypeError(f"dims must hold ints (got {d!r} of type {type(d).__name__})")
         if not -ndim <= d < ndim:
             raise IndexError(f"dims: dimension {d} is out of range for a {ndim}-D tensor (expected {-ndim} to {ndim - 1})")
         out.append(d % ndim)
     if len(set(out)) != len(out):
-        raise ValueError(f"dims must not repeat a dimension (got {list(given)} for a {ndim}-D tensor)")
+        raise NormValueError(f"dims must not repeat a dimension (got {list(given)} for a {ndim}-D tensor)")
     return tuple(sorted(out))
 
 
@@ -218,7 +219,7 @@ def _check_same(name_a: str, a: object, name_b: str, b: object) -> None:
     ta = check_float_tensor(a, name_a)
     tb = check_float_tensor(b, name_b)
     if ta.shape != tb.shape:
-        raise ValueError(f"{name_b} must have the shape of {name_a} {list(ta.shape)} (got {list(tb.shape)})")
+        raise NormValueError(f"{name_b} must have the shape of {name_a} {list(ta.shape)} (got {list(tb.shape)})")
     check_same_device(ta, **{name_b: tb})
 
 
@@ -229,7 +230,7 @@ def _check_row_norm_backward(dy, xhat, stat, normalized_shape, weight=None, *, s
     check_float_tensor(stat, stat_name)
     want = tuple(dy.shape[: dy.dim() - len(shape)]) + (1,) * len(shape)
     if tuple(stat.shape) != want:
-        raise ValueError(f"{stat_name} must have shape {list(want)}, one value per row with keepdim (got {list(stat.shape)})")
+        raise NormValueError(f"{stat_name} must have shape {list(want)}, one value per row with keepdim (got {list(stat.shape)})")
     check_same_device(dy, **{stat_name: stat})
     check_param(weight, "weight", shape, dy)
 
@@ -244,7 +245,7 @@ def _check_batch_norm_backward(dy, xhat, rstd, weight=None, training=True):
     check_param(rstd, "rstd", (C,), dy)
     check_param(weight, "weight", (C,), dy)
     if not isinstance(training, bool):
-        raise TypeError(f"training must be a bool (got {type(training).__name__})")
+        raise NormTypeError(f"training must be a bool (got {type(training).__name__})")
 
 
 def _check_group_norm_backward(dy, xhat, rstd, num_groups, weight=None):
@@ -252,10 +253,10 @@ def _check_group_norm_backward(dy, xhat, rstd, num_groups, weight=None):
     C = check_channels(dy, "group_norm_backward")
     G = check_positive_int(num_groups, "num_groups")
     if C % G:
-        raise ValueError(f"num_groups must divide the number of channels (got num_groups={G} for {C} channels)")
+        raise NormValueError(f"num_groups must divide the number of channels (got num_groups={G} for {C} channels)")
     check_float_tensor(rstd, "rstd")
     if rstd.numel() != dy.shape[0] * G:
-        raise ValueError(f"rstd must hold N * num_groups = {dy.shape[0] * G} values (got shape {list(rstd.shape)})")
+        raise NormValueError(f"rstd must hold N * num_groups = {dy.shape[0] * G} values (got shape {list(rstd.shape)})")
     check_same_device(dy, rstd=rstd)
     check_param(weight, "weight", (C,), dy)
 

@@ -93,6 +93,7 @@ from torch import Tensor, nn
 from . import ops
 from .ops import rounding as _r
 from .ops.routing import FUSED, PATH_OF, kernels_run_on, plan, wants_grad
+from .errors import NormTypeError
 
 __all__ = ["Anchor", "NormKind", "Unfused", "KINDS", "UNFUSED", "recognise", "classify"]
 
@@ -821,7 +822,7 @@ def classify(cls: type) -> tuple[Optional[str], str]:
         ('layer_norm', 'torch.nn.modules.normalization.LayerNorm')
     """
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise TypeError(f"cls must be a torch.nn.Module subclass (got {cls!r})")
+        raise NormTypeError(f"cls must be a torch.nn.Module subclass (got {cls!r})")
     entry, _, why = _match(cls)
     return (entry.name, why) if isinstance(entry, NormKind) else (None, why)
 
@@ -853,6 +854,6 @@ def recognise(module: nn.Module) -> tuple[Optional[NormKind], str]:
         'layer_norm'
     """
     if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module (got {type(module).__name__})")
+        raise NormTypeError(f"module must be a torch.nn.Module (got {type(module).__name__})")
     b, why = _bind(module)
     return (KINDS[b.kind] if b is not None else None), why

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from . import ops
 from ._checks import _shape_t, check_eps, check_positive_int, normalize_shape
+from .errors import NormValueError
 
 __all__ = ["LayerNorm", "RMSNorm", "GroupNorm"]
 
@@ -81,8 +82,9 @@ class LayerNorm(_NormlibRepr, nn.LayerNorm):
     dtypes: ``weight``/``bias`` must have the input's dtype, or be float32
     for float16/bfloat16 input (as :class:`torch.nn.LayerNorm`); anything
     else is a ``TypeError``. Statistics are computed in float32 (float64 for
-    float64 input). Under autocast the input is not up-cast: the output keeps
-    the input's dtype (``torch.nn.LayerNorm`` returns float32 under CUDA autocast).
+    float64 input). Under ``torch.autocast`` it computes in the dtype torch's
+    would: float32 on CUDA (autocast's list for ``layer_norm``), the input's
+    dtype on CPU; normlib asks torch's dispatcher, it keeps no list of its own.
 
     A subclass of :class:`torch.nn.LayerNorm`: ``isinstance(m, torch.nn.LayerNorm)`` holds.
 
@@ -214,7 +216,7 @@ class GroupNorm(_NormlibRepr, nn.GroupNorm):
         num_groups = check_positive_int(num_groups, "num_groups")
         num_channels = check_positive_int(num_channels, "num_channels")
         if num_channels % num_groups != 0:
-            raise ValueError(
+            raise NormValueError(
                 f"num_channels must be divisible by num_groups "
                 f"(got num_channels={num_channels}, num_groups={num_groups})"
             )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copyreg
 import functools
 import inspect
+import threading
 import types
 import warnings
 from collections import Counter
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 
 from . import interop
+from .errors import NormTypeError
 
 __all__ = ["swap_norms", "unswap_norms", "SwapReport"]
 
@@ -46,24 +48,24 @@ __all__ = ["swap_norms", "unswap_norms", "SwapReport"]
 class SwapReport:
     """What :func:`swap_norms` did: swapped modules by class, and what it left alone and why."""
 
-    swapped: Counter = field(default_factory=Counter)  # class name -> count
-    kinds: dict = field(default_factory=dict)  # class name -> normlib kind(s), comma-separated
-    already: Counter = field(default_factory=Counter)  # class name -> count swapped before
-    left: dict = field(default_factory=dict)  # class name -> (count, reason)
+    swapped: Counter[str] = field(default_factory=Counter)  # class name -> count
+    kinds: dict[str, str] = field(default_factory=dict)  # class name -> normlib kind(s), comma-separated
+    already: Counter[str] = field(default_factory=Counter)  # class name -> count swapped before
+    left: dict[str, tuple[int, str]] = field(default_factory=dict)  # class name -> (count, reason)
 
     def __post_init__(self):
         for name in ("swapped", "already"):
             value = getattr(self, name)
             if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(n, int) for k, n in value.items()):
-                raise TypeError(f"{name} must map class names to counts (got {value!r})")
+                raise NormTypeError(f"{name} must map class names to counts (got {value!r})")
             setattr(self, name, Counter(value))
         if not isinstance(self.kinds, dict) or not all(isinstance(v, str) for v in self.kinds.values()):
-            raise TypeError(f"kinds must map class names to kind names (got {self.kinds!r})")
+            raise NormTypeError(f"kinds must map class names to kind names (got {self.kinds!r})")
         if not isinstance(self.left, dict) or not all(
             isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
             for v in self.left.values()
         ):
-            raise TypeError(f"left must map class names to (count, reason) pairs (got {self.left!r})")
+            raise NormTypeError(f"left must map class names to (count, reason) pairs (got {self.left!r})")
 
     @property
     def count(self) -> int:
@@ -93,6 +95,7 @@ class _Swapped:
 
 
 _CLASSES: dict = {}  # (original class, interop.Binding) -> its swapped subclass
+_LOCK = threading.RLock()  # swap_norms and unswap_norms change modules' classes one call at a time
 _SLOTS = "_normlib_slots"  # instance attribute: forwards on the instance the swap rebound, to restore
 
 
@@ -276,7 +279,7 @@ def _unswap(module: nn.Module) -> None:
 
 def _check_model(model) -> None:
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
+        raise NormTypeError(f"model must be a torch.nn.Module (got {type(model).__name__})")
 
 
 def _scripted(model: nn.Module) -> tuple[list, set]:
@@ -336,7 +339,7 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
     """
     _check_model(model)
     if not isinstance(warn, bool):
-        raise TypeError(f"warn must be True or False (got {warn!r})")
+        raise NormTypeError(f"warn must be True or False (got {warn!r})")
     report = SwapReport()
     left: Counter[str] = Counter()
     why_left: dict[str, Counter[str]] = {}  # class name -> reason -> how many modules it left alone
@@ -345,30 +348,31 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
         name = f"{type(m).__module__}.{type(m).__qualname__}({m.original_name})"
         left[name] += 1
         why_left.setdefault(name, Counter())[_SCRIPTED] += 1
-    for module in model.modules():
-        if id(module) in inside:
-            continue
-        name = _class_name(module)
-        if isinstance(module, _Swapped):
-            report.already[name] += 1
-            continue
-        binding, why = interop._bind(module)
-        if binding is not None:
-            slots, why_not = _instance_forwards(module)
-            if slots is None:
-                binding, why = None, why_not
-        if binding is not None:
-            try:
-                _swap(module, binding)
-            except Exception as e:  # a class that refuses subclasses, or a layout __class__ cannot be assigned over
-                binding, why = None, f"normlib cannot give it a swapped class ({e}); it runs unchanged"
-        if binding is not None:
-            report.swapped[name] += 1
-            kinds = set(report.kinds.get(name, "").split(", ")) - {""}
-            report.kinds[name] = ", ".join(sorted(kinds | {binding.kind}))
-        elif _norm_like(module, why):
-            left[name] += 1
-            why_left.setdefault(name, Counter())[why] += 1
+    with _LOCK:  # one swap at a time: two threads swapping one model would each see a module unswapped
+        for module in model.modules():
+            if id(module) in inside:
+                continue
+            name = _class_name(module)
+            if isinstance(module, _Swapped):
+                report.already[name] += 1
+                continue
+            binding, why = interop._bind(module)
+            if binding is not None:
+                slots, why_not = _instance_forwards(module)
+                if slots is None:
+                    binding, why = None, why_not
+            if binding is not None:
+                try:
+                    _swap(module, binding)
+                except Exception as e:  # a class that refuses subclasses, or a layout __class__ cannot be assigned over
+                    binding, why = None, f"normlib cannot give it a swapped class ({e}); it runs unchanged"
+            if binding is not None:
+                report.swapped[name] += 1
+                kinds = set(report.kinds.get(name, "").split(", ")) - {""}
+                report.kinds[name] = ", ".join(sorted(kinds | {binding.kind}))
+            elif _norm_like(module, why):
+                left[name] += 1
+                why_left.setdefault(name, Counter())[why] += 1
     # one class may be left alone for several reasons (modules of it configured differently): every one is said
     report.left = {n: (c, _reasons(why_left[n])) for n, c in left.items()}
     if warn and report.left:
@@ -397,13 +401,14 @@ def unswap_norms(model: nn.Module) -> int:
     """
     _check_model(model)
     n = 0
-    for module in model.modules():
-        if not isinstance(module, _Swapped):
-            continue
-        if _Swapped not in type(module).__bases__:
-            warnings.warn(f"unswap_norms cannot restore {_class_name(module)}: its class was changed again after the "
-                          f"swap (to {type(module).__qualname__}); it keeps normlib's forward", stacklevel=2)
-            continue
-        _unswap(module)
-        n += 1
+    with _LOCK:
+        for module in model.modules():
+            if not isinstance(module, _Swapped):
+                continue
+            if _Swapped not in type(module).__bases__:
+                warnings.warn(f"unswap_norms cannot restore {_class_name(module)}: its class was changed again after "
+                              f"the swap (to {type(module).__qualname__}); it keeps normlib's forward", stacklevel=2)
+                continue
+            _unswap(module)
+            n += 1
     return n

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numbers
+from typing import Literal
 
 from torch import Tensor, nn
 
 from ._checks import check_eps, check_positive_int
 from .attention import MultiHeadAttention
 from .normalization import LayerNorm, RMSNorm
+from .errors import NormValueError, NormTypeError
 
 __all__ = ["TransformerBlock"]
 
@@ -55,25 +57,25 @@ class TransformerBlock(nn.Module):
         n_head: int,
         d_ff: int | None = None,
         norm_first: bool = True,
-        norm: str = "layer",
+        norm: Literal["layer", "rms"] = "layer",
         dropout: float = 0.0,
         eps: float = 1e-5,
         device=None,
         dtype=None,
         *,
-        attn_impl: str = "math",
+        attn_impl: Literal["math", "sdpa"] = "math",
     ) -> None:
         super().__init__()
         d_model = check_positive_int(d_model, "d_model")
         d_ff = 4 * d_model if d_ff is None else check_positive_int(d_ff, "d_ff")
         if norm not in ("layer", "rms"):
-            raise ValueError(f'norm must be "layer" or "rms" (got {norm!r})')
+            raise NormValueError(f'norm must be "layer" or "rms" (got {norm!r})')
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-            raise TypeError(f"dropout must be a number in [0, 1) (got {type(dropout).__name__} {dropout!r})")
+            raise NormTypeError(f"dropout must be a number in [0, 1) (got {type(dropout).__name__} {dropout!r})")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1) (got {dropout})")
+            raise NormValueError(f"dropout must be in [0, 1) (got {dropout})")
         if not isinstance(norm_first, bool):
-            raise TypeError(f"norm_first must be a bool (got {type(norm_first).__name__} {norm_first!r})")
+            raise NormTypeError(f"norm_first must be a bool (got {type(norm_first).__name__} {norm_first!r})")
         eps = check_eps(eps)
         factory = {"device": device, "dtype": dtype}
         Norm = LayerNorm if norm == "layer" else RMSNorm

@@ -190,6 +190,16 @@ def test_the_real_command_exits_2_without_a_traceback(tool, tmp_path):
     assert proc.stderr.count("\n") == 1 and f"argument {option}" in proc.stderr, proc.stderr
 
 
+def test_a_link_is_checked_where_it_leads(tmp_path, capsys):
+    """A dangling symbolic link into a missing folder is refused up front (it failed after the work before)."""
+    from normlib.benchmark import host
+
+    (tmp_path / "out.json").symlink_to(tmp_path / "missing" / "out.json")
+    with pytest.raises(SystemExit) as exit_:
+        host.main(["--out", str(tmp_path / "out.json")])
+    assert exit_.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
 def test_sync_bn_checks_its_record_before_starting_processes(tmp_path, monkeypatch):
     """The record's path is checked first: a run that cannot write its record never starts (data lost before)."""
     from normlib.examples import launch, sync_bn

@@ -132,15 +132,20 @@ def test_negative_or_nan_eps(make):
         make(float("nan"))
     with pytest.raises(TypeError, match="eps must be a real number"):
         make("1e-5")
-    with pytest.raises(ValueError, match="eps must be a finite number >= 0 \\(got an int of 401 digits\\)"):
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0 \\(got a number of about 401 digits\\)"):
         make(10**400)  # beyond float's range: a ValueError naming eps, not an OverflowError
 
 
 def test_momentum_and_num_features():
     with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(got 1.5\)"):
         nl.BatchNorm1d(3, momentum=1.5)
-    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\] \(got a number of about 401 digits\)"):
         nl.BatchNorm1d(3, momentum=10**400)
+    for big in (10**5000, -(10**5000)):  # beyond what Python prints as a string (4300 digits)
+        with pytest.raises(ValueError, match=r"\(got a number of about 5001 digits\)"):
+            nl.BatchNorm1d(3, momentum=big)
+        with pytest.raises(ValueError, match=r"eps must be a finite number >= 0 \(got a number of about 5001 digits\)"):
+            nl.LayerNorm(3, eps=abs(big))
     with pytest.raises(ValueError, match=r"num_features must be a positive int \(got 0\)"):
         nl.BatchNorm2d(0)
 
@@ -336,3 +341,44 @@ def test_modules_name_bad_constructor_arguments():
     q = torch.randn(2, 3, 8, dtype=torch.float64)
     with pytest.raises(TypeError, match="q has dtype torch.float64 but the module's weights have dtype torch.float32"):
         attn(q, q, q)
+
+
+# ---- catchable as torch's errors are -------------------------------------------------------------------
+
+
+def test_the_library_raises_its_argument_errors_as_both_kinds():
+    """Every ValueError/TypeError normlib's library code raises is a NormValueError/NormTypeError: a subclass of
+    RuntimeError too, so that code written for torch (which raises RuntimeError for many of the same calls)
+    catches it. The command-line tools and the examples keep Python's own."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(nl.__file__).parent
+    plain = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("benchmark/", "examples/")) or rel in ("_cli.py", "errors.py"):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"raise (ValueError|TypeError)\(", line):
+                plain.append(f"{rel}:{i}: {line.strip()}")
+    assert not plain, "\n".join(plain)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: F.layer_norm(torch.randn(2, 3), (4,)),
+    lambda: F.group_norm(img, 4),
+    lambda: nl.LayerNorm(4)(torch.randn(2, 3)),
+    lambda: nl.BatchNorm1d(3)(torch.randn(2, 3, 4, 5)),
+    lambda: nl.RMSNorm(4, eps=-1.0),
+    lambda: nl.GroupNorm(2.0, 6),
+    lambda: nl.ops.add_rms_norm(torch.randn(2, 4), torch.randn(2, 5)),
+    lambda: nl.ops.force_path("gpu"),
+    lambda: nl.TransformerBlock(10, 4),
+    lambda: nl.testing.check_layer_norm(None),
+    lambda: nl.swap_norms("not a model"),
+], ids=lambda c: "")
+def test_a_bad_call_is_caught_by_except_runtime_error(call):
+    with pytest.raises(RuntimeError) as caught:
+        call()
+    assert isinstance(caught.value, (ValueError, TypeError)) and type(caught.value).__module__ == "normlib.errors"

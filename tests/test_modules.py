@@ -367,3 +367,19 @@ def test_instance_norm_without_parameters_takes_any_channel_count_with_torchs_wa
     torch.testing.assert_close(y, want, **close(torch.float32))
     with pytest.raises(ValueError, match="expects 3 channels"):
         nl.InstanceNorm1d(3, affine=True)(x)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_torch_jit_trace_with_shapes_taken_from_the_input():
+    """Under torch.jit.trace x.shape's sizes are traced values: a normalized_shape built from them, the residual
+    entries and a TransformerBlock trace (they raised "normalized_shape must hold non-negative ints")."""
+    x = torch.randn(3, 8)
+    calls = [lambda a: nl.ops.rms_norm(a), lambda a: nl.functional.layer_norm(a, a.shape[-1:]),
+             lambda a: nl.ops.add_layer_norm(a, 2 * a)[0], lambda a: nl.RMSNorm(8)(a, residual=a)[0]]
+    for fn in calls:
+        traced = torch.jit.trace(fn, (x,), check_trace=False)
+        x2 = torch.randn(3, 8)
+        torch.testing.assert_close(traced(x2), fn(x2))
+    block = nl.TransformerBlock(8, 2).eval()
+    traced = torch.jit.trace(block, (x[None],), check_trace=False)
+    torch.testing.assert_close(traced(x[None]), block(x[None]))

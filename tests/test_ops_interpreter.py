@@ -238,3 +238,26 @@ def test_threads_may_launch_the_kernels_at_once(kernels_on_cpu):
         t.join(120)
     assert not any(t.is_alive() for t in threads)
     assert errors == [] and wrong == [], (errors[:3], wrong[:3])
+
+
+@pytest.mark.parametrize("x_dtype, r_dtype", [(a, b) for a in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+                                              for b in (torch.float16, torch.bfloat16, torch.float32, torch.float64)],
+                         ids=str)
+def test_every_input_and_residual_dtype_pair_on_the_forced_fused_path(kernels_on_cpu, x_dtype, r_dtype):
+    """add_rms_norm forced onto the kernels agrees with the reference, forward and backward, for every pair of
+    dtypes. Triton 3.7.1's interpreter converts float64 to bfloat16 wrongly (x.grad all zeros or NaN): on CPU the
+    route sends that pair to the reference (a GPU converts it right)."""
+    g = torch.Generator().manual_seed(0)
+    x0, r0 = torch.randn(4, 16, generator=g, dtype=torch.float64), torch.randn(4, 16, generator=g, dtype=torch.float64)
+    results = {}
+    for path in ("fused", "reference"):
+        x, r = x0.to(x_dtype).requires_grad_(), r0.to(r_dtype).requires_grad_()
+        with ops.force_path(path):
+            y, s = ops.add_rms_norm(x, r, None, 1e-6)
+            (y.double().sum() + (s.double() * torch.linspace(-1, 1, 16, dtype=torch.float64)).sum()).backward()
+        results[path] = [t.double() for t in (y, s, x.grad, r.grad)]
+    coarsest = min((x_dtype, r_dtype), key=lambda d: torch.finfo(d).bits if d != torch.bfloat16 else 0)
+    for got, want in zip(results["fused"], results["reference"]):
+        torch.testing.assert_close(got, want, **close(coarsest, roundings=4))
+    if {x_dtype, r_dtype} == {torch.float64, torch.bfloat16}:
+        assert ops.route("add_rms_norm", x0.to(x_dtype), r0.to(r_dtype)) != "fused"

@@ -1,7 +1,10 @@
 """What the README promises about the package matches pyproject.toml and CI."""
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +25,8 @@ def test_the_torch_floor_is_one_decision():
     floor = re.search(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     readme = (ROOT / "README.md").read_text()
     assert f"torch>={floor}" in readme, "the README states another lowest torch than pyproject.toml"
+    for page in ("book/using_normlib.md", "normlib/README.md"):
+        assert f"torch>={floor}" in (ROOT / page).read_text().replace(" >= ", ">="), f"{page} states another floor"
     assert min(_matrix().RELEASES, key=lambda v: tuple(map(int, v.split(".")))).startswith(floor + ".")
     # every release CI tests appears in the README's table
     for release in _matrix().RELEASES:
@@ -165,3 +170,63 @@ def test_the_matrix_installs_ahead_where_the_disk_allows_and_refuses_where_it_ca
     assert time.monotonic() - t0 < 60 and not tested
     assert not tested
     assert "not installed" in (small / "_build" / "torch-matrix.md").read_text()
+
+
+def _build(tmp_path: Path, env_url: str = "") -> tuple[Path, Path, str]:
+    """Build the sdist from a copy of the tracked files, then the wheel from the unpacked sdist (as pip does);
+    returns (sdist, wheel, the wheel's METADATA)."""
+    import shutil
+    import tarfile
+    import zipfile
+
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, src / f)
+    env = {k: v for k, v in os.environ.items() if k != "NORMLIB_REPOSITORY_URL"}
+    if env_url:
+        env["NORMLIB_REPOSITORY_URL"] = env_url
+    backend = ("import sys; from setuptools import build_meta as b; "
+               "print(getattr(b, sys.argv[1])(sys.argv[2]))")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    out = subprocess.run([sys.executable, "-c", backend, "build_sdist", str(dist)], cwd=src, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sdist = dist / out.stdout.strip().splitlines()[-1]
+    with tarfile.open(sdist) as t:
+        t.extractall(tmp_path / "unpacked", filter="data")
+    root = next((tmp_path / "unpacked").iterdir())
+    out = subprocess.run([sys.executable, "-c", backend, "build_wheel", str(dist)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    wheel = dist / out.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    return sdist, wheel, meta
+
+
+def test_the_distributions_are_complete_and_describe_the_package(tmp_path):
+    """The sdist builds the wheel by itself, ships no partial test suite, and both carry the user-facing
+    description, the classifiers and the torch floor; project URLs exist only where the repository is set."""
+    import tarfile
+    import zipfile
+
+    sdist, wheel, meta = _build(tmp_path)
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    assert not any(n.startswith("tests/") for n in names), "the sdist ships tests that cannot run without the book"
+    assert {"setup.py", "CHANGELOG.md", "normlib/README.md", "book/_ext/repository.py", "normlib/py.typed"} <= names
+    with zipfile.ZipFile(wheel) as z:
+        assert {"normlib/py.typed", "normlib/ops/crossover.json"} <= set(z.namelist())
+    assert "Requires-Dist: torch>=2.8" in meta
+    for version in ("3.10", "3.11", "3.12", "3.13"):
+        assert f"Classifier: Programming Language :: Python :: {version}" in meta
+    body = meta.split("\n\n", 1)[1]
+    assert body.strip() == (ROOT / "normlib" / "README.md").read_text().strip()
+    assert "Project-URL" not in meta  # no repository configured: no URL that may not exist
+    _, _, meta = _build(tmp_path / "with-url", env_url="https://github.com/owner/normlib.git")
+    assert "Project-URL: Source, https://github.com/owner/normlib" in meta
+    assert "Project-URL: Issues, https://github.com/owner/normlib/issues" in meta

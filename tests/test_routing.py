@@ -441,3 +441,29 @@ def test_add_norm_with_a_residual_of_another_dtype_answers_on_every_path(add, dt
         for a, e in zip(got, want):
             assert a.dtype == e.dtype
             torch.testing.assert_close(a, e, **close(xd))
+
+
+def test_threads_swapping_one_model_swap_each_module_once():
+    """swap_norms on the same model from several threads: each module is swapped once (a module could be
+    swapped by two threads, its class nested, and one unswap_norms left it swapped), and unswap_norms undoes it."""
+    import threading
+
+    from torch import nn
+
+    for trial in range(10):
+        cls = type(f"SharedModelLayerNorm{trial}", (nn.LayerNorm,), {})
+        model = nn.Sequential(*[cls(16) for _ in range(40)])
+        start, counts = threading.Barrier(4), []
+
+        def swap():
+            start.wait(10)
+            counts.append(nl.swap_norms(model, warn=False))
+
+        threads = [threading.Thread(target=swap) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sum(sum(r.swapped.values()) for r in counts) == 40, trial
+        assert nl.unswap_norms(model) == 40
+        assert all(type(m) is cls for m in model), trial

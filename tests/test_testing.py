@@ -727,6 +727,7 @@ def test_batch_norm_in_16_bits_on_request():
     (lambda: T.check_batch_norm(torch.nn.BatchNorm1d, ndims=(2.0,)), ValueError, "ints 2, 3 and 4 (got 2.0)"),
     (lambda: T.check_batch_norm(torch.nn.BatchNorm1d, ndims=("2",)), ValueError, "(got '2')"),
     (lambda: T.check_batch_norm(torch.nn.BatchNorm1d(3)), TypeError, "cls must be your class"),
+    (lambda: T.check_batch_norm(torch.nn.BatchNorm1d, ndims=(2, 2)), ValueError, "names a layout twice"),
     (lambda: T.check_batch_norm(torch.nn.BatchNorm1d, gradients=1), TypeError, "gradients must be True or False"),
 ], ids=lambda v: "" if callable(v) else str(v))
 def test_checker_options_are_refused_by_name(call, error, words):

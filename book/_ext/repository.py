@@ -12,15 +12,15 @@ Without it those buttons are left out, so that no button leads to a
 repository that does not exist; the download button stays either way.
 
 ``book/_tools/add_setup_cell.py`` reads the same variable to write the
-install command into the chapters' set-up cell.
+install command into the chapters' set-up cell, and ``setup.py`` to write
+the package's project URLs. So that the packaging can read it without
+Sphinx, this file imports Sphinx only inside the hook Sphinx calls.
 """
 
 from __future__ import annotations
 
 import os
 import re
-
-from sphinx.errors import ConfigError
 
 ENV = "NORMLIB_REPOSITORY_URL"
 _URL = re.compile(r"^https://[^/\s]+/[^/\s]+/[^/\s]+$")
@@ -32,14 +32,17 @@ def repository_url() -> str:
     if url.endswith(".git"):
         url = url[: -len(".git")]
     if url and not _URL.match(url):
-        raise ConfigError(
-            f"{ENV} must be a repository's https URL like https://github.com/<owner>/<repo> (got {url!r})"
-        )
+        raise ValueError(f"{ENV} must be a repository's https URL like https://github.com/<owner>/<repo> (got {url!r})")
     return url
 
 
 def _configure(app, config):
-    url = repository_url()
+    from sphinx.errors import ConfigError
+
+    try:
+        url = repository_url()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     options = dict(config.html_theme_options or {})
     launch = dict(options.get("launch_buttons") or {})
     if url:

@@ -34,6 +34,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import _cli, ops
+from ..ops.routing import Path
 from ..batchnorm import BatchNorm2d, InstanceNorm2d
 from ..normalization import GroupNorm, LayerNorm, RMSNorm
 from ._common import environment, fastest, provenance, reps_for, write_json
@@ -89,12 +90,13 @@ def measure(op: str, scale: int, rounds: int = 7, budget: float = 0.05) -> dict:
     for direction, grad in (("forward", False), ("backward", True)):
         run = _runs(module, x, dy, grad)
         reps = {}
-        for path in ("native", "reference"):
+        pair: tuple[Path, Path] = ("native", "reference")
+        for path in pair:
             with ops.force_path(path):
                 reps[path] = reps_for(run, budget)
         times: dict[str, list[float]] = {"native": [], "reference": []}
         for r in range(rounds):
-            for path in (("native", "reference") if r % 2 == 0 else ("reference", "native")):
+            for path in (pair if r % 2 == 0 else pair[::-1]):
                 with ops.force_path(path):
                     times[path].append(fastest(run, reps[path]))
         out[direction] = {p: statistics.median(t) for p, t in times.items()}
@@ -122,12 +124,13 @@ def measure_cuda(op: str, rows: int, rounds: int = 7, reps: int = 100) -> dict:
         with torch.no_grad():
             module(x)
 
+    pair: tuple[Path, Path] = ("native", "fused")
     times: dict[str, list[float]] = {"native": [], "fused": []}
-    for path in times:
+    for path in pair:
         with ops.force_path(path):
             run()
     for r in range(rounds):
-        for path in (("native", "fused") if r % 2 == 0 else ("fused", "native")):
+        for path in (pair if r % 2 == 0 else pair[::-1]):
             with ops.force_path(path):
                 times[path].append(_call_time(run, reps))
     return {"numel": x.numel(), "shape": list(x.shape), "forward": {p: statistics.median(t) for p, t in times.items()}}

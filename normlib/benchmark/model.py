@@ -32,7 +32,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from typing import Any, Iterable, Optional, cast
+from typing import Any, Iterable, Literal, Optional, cast
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +59,7 @@ class GPT(nn.Module):
     """
 
     def __init__(self, vocab: int = 50304, d_model: int = 768, n_layer: int = 12, n_head: int = 12,
-                 seq_len: int = 1024, norm: str = "layer", fused: bool = True):
+                 seq_len: int = 1024, norm: Literal["layer", "rms"] = "layer", fused: bool = True):
         super().__init__()
         self.fused = fused
         self.wte = nn.Embedding(vocab, d_model)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from . import dispatch
+from ..errors import NormTypeError, NormValueError
 from .routing import (HAS_TRITON, FUSED, NATIVE, REFERENCE, compile_mode, force_path, kernels_run_on, route,
                       set_compile_mode, use_compile_mode)
 
@@ -64,11 +65,11 @@ def path_for(x: Tensor, residual: Optional[Tensor] = None, op: str = "layer_norm
         'reference'
     """
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor (got {type(x).__name__})")
+        raise NormTypeError(f"x must be a torch.Tensor (got {type(x).__name__})")
     if residual is not None and not isinstance(residual, torch.Tensor):
-        raise TypeError(f"residual must be a torch.Tensor or None (got {type(residual).__name__})")
+        raise NormTypeError(f"residual must be a torch.Tensor or None (got {type(residual).__name__})")
     if op not in ("layer_norm", "rms_norm"):
-        raise ValueError(f"op must be 'layer_norm' or 'rms_norm' (got {op!r})")
+        raise NormValueError(f"op must be 'layer_norm' or 'rms_norm' (got {op!r})")
     path = route(op, x, residual)
     if path == FUSED:
         return "triton" if x.is_cuda else "triton-interpreter"
@@ -83,7 +84,7 @@ def use_fused(x: Tensor, residual: Optional[Tensor] = None) -> bool:
 
 def _rows_of(x) -> tuple:
     if isinstance(x, torch.Tensor) and x.dim() == 0:
-        raise ValueError("input must have at least one dimension (got a 0-D tensor)")
+        raise NormValueError("input must have at least one dimension (got a 0-D tensor)")
     return tuple(x.shape[-1:]) if isinstance(x, torch.Tensor) else ()
 
 

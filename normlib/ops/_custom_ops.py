@@ -121,6 +121,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dy, dres_out, _dmean, _drstd):
+    if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient, as FusedNormFunction gives
+        return _twin.differentiable_backward(ctx, dy, dres_out) + (None, None, None)
     normalized, weight, mean, rstd = ctx.saved_tensors
     has_res = ctx.residual_dtype is not None
     dx, dres, dweight, dbias = _fused_norm_backward_op(

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ..numerics import acc_dtype
 from .rounding import TORCH, Rounding
+from ..errors import NormValueError
 
 
 @triton.jit
@@ -357,7 +358,7 @@ def _fwd_spec(N: int, x_dtype: torch.dtype, w_dtype: Optional[torch.dtype], b_dt
     product = rounding.product_dtype(x_dtype, w)
     # the kernel rounds γ · x̂ to X's dtype: the product's dtype is either that or the accumulation dtype
     if product is not None and product not in (x_dtype, acc):
-        raise ValueError(f"the kernels cannot round γ · x̂ to {product} (input {x_dtype}, γ {w_dtype})")
+        raise NormValueError(f"the kernels cannot round γ · x̂ to {product} (input {x_dtype}, γ {w_dtype})")
     return acc, rounding.out_dtype(x_dtype, w, b), fwd_config(N, element_size), product is not None and product != acc
 
 

@@ -34,6 +34,7 @@ from . import native
 from . import _custom_ops  # registers normlib::fused_norm and its backward with torch.library
 from .rounding import FLOAT32_OUT, TORCH, Rounding
 from .routing import FUSED_GRAD, FUSED_OP, NATIVE, REFERENCE, plan
+from ..errors import NormValueError
 
 __all__ = ["layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "add_norm", "fused"]
 
@@ -207,14 +208,14 @@ def add_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Option
     check_float_tensor(x)
     check_float_tensor(residual, "residual")
     if x.dim() == 0:
-        raise ValueError("input must have at least one dimension (got a 0-D tensor)")
+        raise NormValueError("input must have at least one dimension (got a 0-D tensor)")
     if residual.shape != x.shape:
-        raise ValueError(f"residual must have the shape of input {list(x.shape)} (got {list(residual.shape)})")
+        raise NormValueError(f"residual must have the shape of input {list(x.shape)} (got {list(residual.shape)})")
     if residual.device != x.device:
-        raise ValueError(f"residual must be on the input's device {x.device} (got {residual.device})")
+        raise NormValueError(f"residual must be on the input's device {x.device} (got {residual.device})")
     shape = tuple(x.shape[-1:])
     if normalized_shape is not None and tuple(normalized_shape) != shape:
-        raise ValueError(f"a residual is added to norms over the last dimension alone: normalized_shape must be "
+        raise NormValueError(f"a residual is added to norms over the last dimension alone: normalized_shape must be "
                          f"{list(shape)} for input of shape {list(x.shape)} (got {list(normalized_shape)})")
     f32 = runs_in_float32(op, x)
     if f32:

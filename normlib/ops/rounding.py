@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from ..errors import NormValueError
 
 __all__ = ["Rounding", "TORCH", "FLOAT32_OUT", "LLAMA", "GEMMA", "T5", "T5_HALF", "DEBERTA", "ROUNDINGS", "round_xhat"]
 
@@ -58,9 +59,9 @@ class Rounding:
 
     def __post_init__(self) -> None:
         if self.xhat not in _XHAT:
-            raise ValueError(f"xhat must be one of {_XHAT} (got {self.xhat!r})")
+            raise NormValueError(f"xhat must be one of {_XHAT} (got {self.xhat!r})")
         if self.out not in _OUT:
-            raise ValueError(f"out must be one of {_OUT} (got {self.out!r})")
+            raise NormValueError(f"out must be one of {_OUT} (got {self.out!r})")
         object.__setattr__(self, "xhat_code", _XHAT.index(self.xhat))
 
     def product_dtype(self, x_dtype: torch.dtype, weight: Optional[Tensor]) -> Optional[torch.dtype]:

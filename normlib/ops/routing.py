@@ -34,18 +34,21 @@ import json
 import os
 import threading
 from pathlib import Path as _FilePath
-from typing import Iterator, Optional
+from typing import Iterator, Literal, Optional
 
 import torch
 from torch import Tensor
 
 from .._autocast import autocast_enabled
 from . import native
+from ..errors import NormValueError
 
 __all__ = ["FUSED", "NATIVE", "REFERENCE", "PATHS", "OPS", "route", "plan", "force_path", "forced_path",
            "kernels_cover", "kernels_run_on", "wants_grad", "crossover_table", "HAS_TRITON"]
 
 FUSED, NATIVE, REFERENCE = "fused", "native", "reference"
+Path = Literal["fused", "native", "reference"]  #: what force_path takes
+CompileMode = Literal["reference", "kernels"]  #: what set_compile_mode and use_compile_mode take
 PATHS = (FUSED, NATIVE, REFERENCE)
 # How the kernels are entered, decided with the path (see plan): as the custom operator while
 # torch.compile traces, through the autograd Function where a gradient is wanted, directly otherwise.
@@ -63,6 +66,7 @@ _HAS_NATIVE = ("layer_norm", "group_norm", "batch_norm", "batch_norm_eval", "ins
 _NATIVE_DTYPES = (torch.float32, torch.float64)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INTERPRETER_WRONG = {torch.float64, torch.bfloat16}  # an input and residual pair the interpreter computes wrong
 MAX_ROW_BYTES = 64 * 1024  # the widest row the kernels take: they hold one row in registers/shared memory
 
 
@@ -120,7 +124,7 @@ _FORCED: Optional[str] = None  # kept by _FORCE
 _FORCE = _Setting("_FORCED", None)
 
 
-def force_path(path: str):
+def force_path(path: Path):
     """Run every normlib call inside the block on ``path`` wherever it can compute that call.
 
     ``"fused"`` takes the kernels wherever they cover the call, CPU tensors
@@ -138,7 +142,7 @@ def force_path(path: str):
         'reference'
     """
     if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS} (got {path!r})")
+        raise NormValueError(f"path must be one of {PATHS} (got {path!r})")
     return _FORCE.block(path)
 
 
@@ -233,11 +237,11 @@ _MODE = _Setting("_COMPILE_MODE", "reference")
 
 def _check_mode(mode: str) -> str:
     if mode not in _COMPILE_MODES:
-        raise ValueError(f"mode must be one of {_COMPILE_MODES} (got {mode!r})")
+        raise NormValueError(f"mode must be one of {_COMPILE_MODES} (got {mode!r})")
     return mode
 
 
-def set_compile_mode(mode: str) -> str:
+def set_compile_mode(mode: CompileMode) -> str:
     """What ``torch.compile`` does with normlib's norms on the tensors the kernels cover; returns the old mode.
 
     * ``"reference"`` (default): the compiler traces normlib's reference math
@@ -257,7 +261,7 @@ def set_compile_mode(mode: str) -> str:
     return _MODE.set_base(_check_mode(mode))
 
 
-def use_compile_mode(mode: str):
+def use_compile_mode(mode: CompileMode):
     """:func:`set_compile_mode` for the duration of a block: nests, and blocks in several threads may end in
     any order (the setting then ends as it began).
 
@@ -435,6 +439,8 @@ def _covered(op: str, x: Tensor, residual: Optional[Tensor], weight: Optional[Te
     if residual is not None:
         if residual.dtype not in KERNEL_DTYPES or residual.device != device:
             return False
+        if not x.is_cuda and {x.dtype, residual.dtype} == _INTERPRETER_WRONG:
+            return False  # Triton 3.7.1's interpreter turns float64 into bfloat16 wrongly (a GPU converts it right)
         size = max(size, residual.element_size())
     if not 0 < N * size <= MAX_ROW_BYTES:
         return False

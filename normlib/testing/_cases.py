@@ -19,6 +19,7 @@ from ._report import (
     _output_allowed,
     _subject_name,
 )
+from ..errors import NormValueError, NormTypeError
 
 
 @overload
@@ -171,11 +172,11 @@ def _constant_kappa(values, eps: float) -> float:
 def _check_options(checker: str, subject, gradients, raise_on_failure, what: str = "fn") -> None:
     """A checker's own arguments, refused up front with the argument's name (never a report of 30 failures)."""
     if not callable(subject):
-        raise TypeError(f"{checker}: {what} must be your implementation, a callable (got {type(subject).__name__} "
+        raise NormTypeError(f"{checker}: {what} must be your implementation, a callable (got {type(subject).__name__} "
                         f"{subject!r})")
     for name, value in (("gradients", gradients), ("raise_on_failure", raise_on_failure)):
         if not isinstance(value, bool):
-            raise TypeError(f"{checker}: {name} must be True or False (got {type(value).__name__} {value!r})")
+            raise NormTypeError(f"{checker}: {name} must be True or False (got {type(value).__name__} {value!r})")
 
 
 def _dtypes(dtypes, default=DTYPES):
@@ -183,17 +184,17 @@ def _dtypes(dtypes, default=DTYPES):
     if dtypes is None:
         return list(default)
     if isinstance(dtypes, (torch.dtype, str)) or not isinstance(dtypes, (list, tuple)):
-        raise TypeError(f"dtypes must be a list or tuple of torch dtypes, e.g. (torch.float32,) "
+        raise NormTypeError(f"dtypes must be a list or tuple of torch dtypes, e.g. (torch.float32,) "
                         f"(got {type(dtypes).__name__} {dtypes!r})")
     out = list(dtypes)
     if not out:
-        raise ValueError("dtypes must name at least one dtype (got an empty sequence): a check of nothing "
+        raise NormValueError("dtypes must name at least one dtype (got an empty sequence): a check of nothing "
                          "would pass anything")
     for d in out:
         if d not in DTYPES:
-            raise ValueError(f"dtypes may hold {', '.join(map(str, DTYPES))} (got {d!r})")
+            raise NormValueError(f"dtypes may hold {', '.join(map(str, DTYPES))} (got {d!r})")
     if len(set(out)) != len(out):
-        raise ValueError(f"dtypes names a dtype twice ({', '.join(map(str, out))}): each runs once")
+        raise NormValueError(f"dtypes names a dtype twice ({', '.join(map(str, out))}): each runs once")
     return out
 
 

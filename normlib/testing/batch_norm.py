@@ -34,6 +34,7 @@ from ._report import (
     _output_allowed,
     _tensor_words,
 )
+from ..errors import NormValueError, NormTypeError
 
 _C = 3  # every module is built as cls(_C)
 _BN_ATTRS = ("weight", "bias", "running_mean", "running_var")
@@ -257,15 +258,18 @@ class _Run:
     def layouts(self, ndims: Optional[Sequence[int]], report: CheckReport) -> list:
         """``ndims``, or (when probing) the layouts the module accepts, with a note for each it refuses."""
         if ndims is not None and (isinstance(ndims, (int, str)) or not isinstance(ndims, (list, tuple))):
-            raise TypeError(f"ndims must be a list or tuple of ints from 2, 3 and 4, e.g. (2, 3) "
+            raise NormTypeError(f"ndims must be a list or tuple of ints from 2, 3 and 4, e.g. (2, 3) "
                             f"(got {type(ndims).__name__} {ndims!r})")
         if ndims is not None and not ndims:
-            raise ValueError("ndims must name at least one layout (got an empty sequence): a check of nothing "
+            raise NormValueError("ndims must name at least one layout (got an empty sequence): a check of nothing "
                              "would pass anything")
         candidates = list(ndims) if ndims is not None else [2, 3, 4]
         for nd in candidates:
-            if isinstance(nd, bool) or not isinstance(nd, int) or nd not in _BN_LAYOUT:
-                raise ValueError(f"ndims may hold the ints 2, 3 and 4 (got {nd!r})")
+            if isinstance(nd, bool) or not isinstance(nd, numbers.Integral) or nd not in _BN_LAYOUT:
+                raise NormValueError(f"ndims may hold the ints 2, 3 and 4 (got {nd!r})")
+        candidates = [int(nd) for nd in candidates]
+        if len(set(candidates)) != len(candidates):
+            raise NormValueError(f"ndims names a layout twice ({candidates}): each runs once")
         if not self.probe:
             return candidates
         layouts, refused = [], {}
@@ -504,7 +508,7 @@ def check_batch_norm(
         True
     """
     if isinstance(cls, torch.nn.Module):
-        raise TypeError(f"check_batch_norm: cls must be your class (or a callable that builds a new module from "
+        raise NormTypeError(f"check_batch_norm: cls must be your class (or a callable that builds a new module from "
                         f"num_features), e.g. check_batch_norm(MyBatchNorm); got the module {cls!r}")
     _check_options("check_batch_norm", cls, gradients, raise_on_failure, what="cls")
     run = _Run(cls, gradients, probe=ndims is None)

@@ -36,6 +36,7 @@ import math
 import torch
 
 from ..numerics import acc_dtype
+from ..errors import NormValueError
 
 #: λ of the probabilistic bound: a sum's error exceeds λ√n·u with probability below 2·exp(-λ²/2) ≈ 3e-4.
 LAMBDA = 4.0
@@ -61,11 +62,11 @@ def bound(dtype: torch.dtype, *, n: int = N_MAX, kappa: float = 1.0, roundings: 
     error relative to ``|γ|``); :func:`tolerance` is their sum.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"tolerance: n must be a positive int (got {n!r})")
+        raise NormValueError(f"tolerance: n must be a positive int (got {n!r})")
     if not (isinstance(kappa, (int, float)) and not isinstance(kappa, bool) and math.isfinite(kappa) and kappa >= 1):
-        raise ValueError(f"tolerance: kappa must be a finite number >= 1 (got {kappa!r})")
+        raise NormValueError(f"tolerance: kappa must be a finite number >= 1 (got {kappa!r})")
     if not isinstance(roundings, int) or isinstance(roundings, bool) or roundings < 1:
-        raise ValueError(f"tolerance: roundings must be a positive int (got {roundings!r})")
+        raise NormValueError(f"tolerance: roundings must be a positive int (got {roundings!r})")
     return 2 * roundings * unit_roundoff(dtype), 2 * kappa * LAMBDA * math.sqrt(n) * unit_roundoff(acc_dtype(dtype))
 
 
