@@ -77,6 +77,7 @@ CORE = [
     "tests/test_errors.py", "tests/test_attention.py", "tests/test_transforms.py",
     "tests/test_compile_gradients.py", "tests/test_compile_export.py", "tests/test_custom_ops.py",
     "tests/test_distributed.py", "tests/test_swap_api.py", "tests/test_testing.py", "tests/test_layouts.py",
+    "tests/test_inference_inputs.py",
 ]
 GROUPS = {
     "compile": re.compile(r"compile|inductor|dynamo", re.I),

@@ -20,10 +20,11 @@ The tools import this module; the library never does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import tempfile
-from typing import Callable, Iterable, NoReturn, Optional, Sequence
+from typing import Callable, Iterable, Iterator, NoReturn, Optional, Sequence
 
 __all__ = [
     "Parser",
@@ -203,6 +204,30 @@ def _mode_for(path: str) -> int:
         return 0o666 & ~umask
 
 
+@contextlib.contextmanager
+def _replacing(path: str, suffix: str = ".tmp") -> Iterator[str]:
+    """A temporary file beside ``path`` to write; renamed over ``path`` when the block ends, removed if it fails.
+
+    A symbolic link is written through (its target is replaced; the link
+    stays); the file keeps ``path``'s permissions, or gets the umask's.
+    """
+    path = _target(path)
+    mode = _mode_for(path)
+    # a short name: any name that fits the folder, fits with it
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".normlib-", suffix=suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary file beside it, renamed over it when complete.
 
@@ -210,41 +235,15 @@ def write_text(path: str, text: str) -> None:
     existing ``path`` is left as it was. A symbolic link is written through
     (its target is replaced; the link stays).
     """
-    path = _target(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    mode = _mode_for(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".normlib-", suffix=".tmp")  # short: any name that fits fits
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with _replacing(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
 
 
 def save_figure(fig, path: str, **kwargs) -> None:
     """``fig.savefig`` to ``path`` atomically (the format from ``path``'s suffix)."""
-    path = _target(path)
-    folder = os.path.dirname(os.path.abspath(path))
     suffix = os.path.splitext(path)[1]
-    mode = _mode_for(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".normlib-", suffix=suffix)
-    os.close(fd)
-    try:
+    with _replacing(path, suffix) as tmp:
         fig.savefig(tmp, format=suffix.lstrip(".").lower() or None, **kwargs)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def fail(prog: str, message: str, status: int = 2) -> int:
