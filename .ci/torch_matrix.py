@@ -15,7 +15,9 @@ retried) and installed with the machine's pip configuration ignored (see
 ``make test``; the releases' tests then run on both cores, one after another,
 each venv removed once tested so that the next fits on CI's disk.
 
-The tests are the library's CORE (see below; ``--all`` for every one), run
+The tests are the library's CORE (see below; ``--all`` for every one) but those
+marked ``pin`` (extended dtype coverage of code that does not depend on the
+release, run by ``make test`` on the pin only), run
 with this checkout on ``PYTHONPATH``. ``run``
 prints one row per release: passed / failed / skipped for the whole suite,
 and separately for torch.compile and torch.export, and writes the same table
@@ -304,7 +306,7 @@ def _test(version: str, workers: str, everything: bool, out_dir: Path) -> tuple[
     xml.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("PYTHONHOME", None)
-    tests = ["tests", *(f"--ignore={p}" for p in IGNORE)] if everything else CORE
+    tests = ["tests", *(f"--ignore={p}" for p in IGNORE)] if everything else [*CORE, "-m", "not pin"]
     cmd = [str(py), "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider", "-n", workers,
            f"--junitxml={xml}", "--tb=short"]
     print(f"\n== torch {version}: {' '.join(cmd[1:])}", flush=True)

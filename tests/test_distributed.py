@@ -251,7 +251,8 @@ def job_bad_input_on_one_rank(rank: int, world: int, case: dict) -> dict:
             y = m(x)
             out[f"y{step}"] = y.detach()
         except Exception as e:  # noqa: BLE001  (the test inspects the type)
-            out["errors"].append((step, type(e).__name__, str(e)))
+            out["errors"].append((step, type(e).__name__, str(e),
+                                  isinstance(e, (ValueError, TypeError)) and isinstance(e, RuntimeError)))
         out["elapsed"].append(time.perf_counter() - t0)
     out["running_mean"] = m.running_mean.clone()
     out["num_batches_tracked"] = int(m.num_batches_tracked)
@@ -361,8 +362,9 @@ def test_bad_input_on_one_rank_raises_on_every_rank_at_once():
     for bad, expected in reasons.items():
         r0, r1 = results[0][bad], results[1][bad]
         assert [e[0] for e in r0["errors"]] == [2] and [e[0] for e in r1["errors"]] == [2], (bad, r0, r1)
-        # The bad rank raises its own error (naming its argument), the other a SyncBatchNormError naming it.
-        assert r1["errors"][0][1] in ("ValueError", "TypeError"), r1["errors"]
+        # The bad rank raises its own error (naming its argument: a ValueError or TypeError that is a RuntimeError
+        # too, normlib's argument errors), the other a SyncBatchNormError naming it.
+        assert r1["errors"][0][1] in ("NormValueError", "NormTypeError") and r1["errors"][0][3], r1["errors"]
         assert r0["errors"][0][1] == "SyncBatchNormError" and "rank 1" in r0["errors"][0][2], r0["errors"]
         assert expected in r0["errors"][0][2] and "SyncBatchNorm" in r0["errors"][0][2]
         assert max(r0["elapsed"] + r1["elapsed"]) < BAD_INPUT_TIMEOUT / 2, "a rank waited for the timeout"

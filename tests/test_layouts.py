@@ -95,7 +95,12 @@ CASES = {name: rest for name, *rest in _cases()}
 NO_BIAS = ("rms_norm", "add_rms_norm")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+# float32 on every torch release of the matrix; float64 and 16 bits with the pin (the layouts' handling is
+# normlib's own and the same whatever the dtype; what a release changes, float32 shows)
+DTYPES = [torch.float32, pytest.param(torch.float64, marks=pytest.mark.pin)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p or "route")
 @pytest.mark.parametrize("op", list(CASES))
 def test_every_layout_computes_what_torch_computes(op, path, dtype):
@@ -116,6 +121,7 @@ def test_every_layout_computes_what_torch_computes(op, path, dtype):
     assert not failures, f"{op} on path {path or 'route'} in {dtype}:\n" + "\n".join(failures)
 
 
+@pytest.mark.pin
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p or "route")
 @pytest.mark.parametrize("op", list(CASES))
@@ -139,7 +145,7 @@ def test_every_input_layout_in_16_bits(op, path, dtype):
     assert not failures, f"{op} on path {path or 'route'} in {dtype}:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p or "route")
 @pytest.mark.parametrize("op", [op for op in CASES if op != "batch_norm_eval"])
 def test_every_layout_has_torchs_gradients(op, path, dtype):
