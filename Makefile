@@ -18,7 +18,9 @@ NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
 # copied into the HTML output through html_extra_path (see _config.yml).
 MATHJAX := _assets/mathjax/tex-mml-chtml.js
 MATHJAX_SRC := node_modules/mathjax/es5
-NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=120
+# The cell timeout catches a hung cell, not a slow machine: chapter 05b's longest cell takes
+# 26 s alone on a 2-core Xeon and more than 120 s while make test's phases share the cores.
+NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
 # JupyterLab for `make lab`: an optional extra, installed into $(VENV) by that target only.
 JUPYTERLAB := jupyterlab>=4,<5
