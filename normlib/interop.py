@@ -20,7 +20,8 @@ kind                            rounding order
 ``channels_first_layer_norm``   ConvNeXt-style LayerNorm over the channels of ``(N, C, H, W)``
                                 input (transformers' ``ConvNextLayerNorm`` with
                                 ``data_format="channels_first"`` and its copies, timm's
-                                ``LayerNorm2d``, transformers' ``EomtLayerNorm2d``): the channel
+                                ``LayerNorm2d``, transformers' ``EomtLayerNorm2d``, diffusers'
+                                ``SDCascadeLayerNorm``): the channel
                                 dimension is moved last, normalized in ``layer_norm``'s order,
                                 and moved back, so the output is a permuted view, as theirs.
 ``rms_norm``                    ``torch.nn.RMSNorm``: like ``layer_norm``, without mean and β.
@@ -28,17 +29,25 @@ kind                            rounding order
                                 is Llama's, Llama-4's text RMSNorm, CPM-Ant's: ``x̂`` in float32 is
                                 cast to the input's dtype *before* multiplying by γ; the output
                                 has the promoted dtype of γ and x.
-``gemma_rms_norm``              Gemma: ``x̂ ⊙ (1 + γ)`` all in float32, cast to the input's dtype
-                                at the end.
+``gemma_rms_norm``              Gemma (and diffusers' ``QwenImage21ZeroCenterRMSNorm``):
+                                ``x̂ ⊙ (1 + γ)`` all in float32, cast to the input's dtype at
+                                the end.
 ``t5_layer_norm``               T5: RMS statistics in float32; ``x̂`` is cast to γ's dtype when
                                 γ is float16/bfloat16, then multiplied by γ; else the output is
-                                float32.
+                                float32. Also diffusers' ``RMSNorm`` (SD3's and Flux's q/k
+                                norms) without β; without γ it is ``float32_rms_norm``'s.
 ``float32_rms_norm``            OLMo-2/OLMo-3, gpt-oss, Helium, Moshi, Gemma-3n and the RMSNorms
-                                without γ (NanoChat, Llama-4's L2 norm, ...): ``x̂ ⊙ γ`` in
-                                float32 (γ up-cast), one cast to the input's dtype at the end.
+                                without γ (NanoChat, Llama-4's L2 norm, ...), diffusers'
+                                ``MochiRMSNorm``, ``Cosmos3NemotronRMSNorm`` and
+                                ``StableAudio3RMSNorm``: ``x̂ ⊙ γ`` in float32 (γ up-cast), one
+                                cast to the input's dtype at the end.
 ``float32_layer_norm``          Cohere's LayerNorm (γ, no β) and OLMo's (neither): statistics
                                 and ``x̂ ⊙ γ`` in float32, one cast to the input's dtype at the
                                 end, with or without autocast.
+``upcast_layer_norm``           diffusers' ``FP32LayerNorm``: x, γ and β up-cast to float32 for
+                                ``F.layer_norm``, one cast to the input's dtype at the end; where
+                                autocast would run ``F.layer_norm`` in a 16-bit dtype (a policy
+                                asked of torch) it runs unchanged.
 ``layer_norm_1p``               Nemotron's ``LayerNorm1P``: ``1 + γ`` computed (and rounded) in
                                 γ's dtype, then ``layer_norm``'s order; under autocast the input,
                                 ``1 + γ`` and β are first cast to the autocast dtype, and the norm
@@ -56,17 +65,21 @@ every method it calls on ``self``, and the same method behind every
 ``super().…`` call; and the module holds every attribute that code reads.
 ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` are anchors too, so their
 subclasses count when they keep torch's forward. An anchor from another library
-is only consulted when that library is already imported, and its file is only
-imported once a class's forward has the anchor's syntax tree (read from the
-file), so normlib itself imports neither transformers nor timm.
+(transformers, diffusers, timm) is read from its source file wherever that
+library is installed, without importing it, and imported only once a class's
+forward has the anchor's syntax tree: so a model that copies, say, Llama's
+RMSNorm into its own code is recognised whether or not transformers was
+imported, and normlib itself imports none of these libraries. (A copy is not
+recognised where the anchor's library is not installed: then there is nothing
+to compare it with.)
 
 Some norms are recognised and deliberately left alone (``UNFUSED``), each
 with the reason the report gives: gated RMSNorms, frozen batch norms, and
 torch's BatchNorm/GroupNorm/InstanceNorm/LocalResponseNorm. Anything else is
 left alone and reported too, e.g. VitDet's LayerNorm, whose statistics are
 computed in the input's own dtype (the kernels accumulate in float32 and cannot
-round like it). The test ``tests/test_swap_scan.py`` classifies every norm
-class of the installed ``transformers``.
+round like it). The tests ``tests/test_swap_scan.py`` classify every norm
+class of the installed ``transformers`` and ``diffusers``.
 
 On tensors the kernels do not cover (CPU, other dtypes, wide rows, a weight
 on another device), a swapped module runs its class's own ``forward``: the
@@ -80,6 +93,7 @@ import builtins
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import sys
 import textwrap
@@ -281,6 +295,13 @@ def _float32_layer_norm(how, x, w, b, eps, m):
     return ops.dispatch.fused(x, None, w, b, eps, rms=False, how=how)[0]
 
 
+def _upcast_layer_norm(how, x, w, b, eps, m):
+    low = _autocast_dtype("layer_norm", x)
+    if low is not None and low != torch.float32:  # F.layer_norm would run in autocast's 16-bit dtype
+        return None
+    return _float32_layer_norm(how, x, w, b, eps, m)
+
+
 def _layer_norm_1p(how, x, w, b, eps, m):
     if w is None or x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
         return None
@@ -337,11 +358,34 @@ def _select_one_dim(m, b):
     return (None, why) if why else (b, "")
 
 
+_STATS_IN_INPUT_DTYPE = ("statistics in the input's own dtype; the kernels accumulate in float32 and cannot round "
+                         "so; it runs unchanged")
+
+
 def _select_float32_rms_norm(m, b):
+    reads = _reads(type(m))
     # Gemma-3n's RMSNorm(with_scale=False) has no γ: its forward reads `with_scale` first
-    if "with_scale" in _reads(type(m)) and not getattr(m, "with_scale", True):
+    if "with_scale" in reads and not getattr(m, "with_scale", True):
         return Binding(b.kind, None, None, b.eps), ""
+    # diffusers' StableAudio3RMSNorm(force_fp32=False) computes in the input's dtype
+    if "force_fp32" in reads and not getattr(m, "force_fp32", True):
+        return None, "force_fp32=False: " + _STATS_IN_INPUT_DTYPE
     return b, ""
+
+
+def _select_t5(m, b):
+    # diffusers' RMSNorm: T5's order, then + β where it has one; without γ, x̂ cast back to the input's dtype
+    if b.bias is not None and getattr(m, b.bias, None) is not None:
+        return None, ("it adds β after T5's order (x̂ rounded to γ's dtype, times γ, then + β: three roundings) "
+                      "and the kernels round x̂·γ + β once; it runs unchanged")
+    if b.weight is not None and getattr(m, b.weight, None) is None:
+        return Binding("float32_rms_norm", None, None, b.eps), ""
+    return Binding(b.kind, b.weight, None, b.eps), ""
+
+
+def _select_upcast_layer_norm(m, b):
+    why = _over_one_dim(m)
+    return (None, why) if why else _select_float32_layer_norm(m, b)
 
 
 def _select_float32_layer_norm(m, b):
@@ -372,6 +416,7 @@ KINDS: dict[str, NormKind] = {
                 Anchor("transformers.models.convnext.modeling_convnext", "ConvNextLayerNorm", "weight", "bias", "eps"),
                 Anchor("timm.layers.norm", "LayerNorm2d", "weight", "bias", "eps"),
                 Anchor("transformers.models.eomt.modeling_eomt", "EomtLayerNorm2d", "weight", "bias", "eps"),
+                Anchor("diffusers.models.unets.unet_stable_cascade", "SDCascadeLayerNorm", "weight", "bias", "eps"),
             ),
             _channels_first_layer_norm,
             _select_channels_first,
@@ -396,14 +441,22 @@ KINDS: dict[str, NormKind] = {
         NormKind(
             "gemma_rms_norm",
             "x̂·(1 + γ) all in float32, cast to the input's dtype at the end",
-            (Anchor("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm", eps="eps"),),
+            (
+                Anchor("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm", eps="eps"),
+                Anchor("diffusers.models.transformers.transformer_qwenimage21", "QwenImage21ZeroCenterRMSNorm",
+                       eps="eps"),
+            ),
             _gemma_rms_norm,
         ),
         NormKind(
             "t5_layer_norm",
             "RMS statistics in float32; x̂ cast to γ's dtype if γ is half precision, then multiplied by γ",
-            (Anchor("transformers.models.t5.modeling_t5", "T5LayerNorm"),),
+            (
+                Anchor("transformers.models.t5.modeling_t5", "T5LayerNorm"),
+                Anchor("diffusers.models.normalization", "RMSNorm", "weight", "bias", "eps"),
+            ),
             _t5_layer_norm,
+            _select_t5,
         ),
         NormKind(
             "float32_rms_norm",
@@ -414,6 +467,10 @@ KINDS: dict[str, NormKind] = {
                 Anchor("transformers.models.moshi.modeling_moshi", "MoshiRMSNorm", eps="eps"),
                 Anchor("transformers.models.gemma3n.modeling_gemma3n", "Gemma3nRMSNorm", eps="eps"),
                 Anchor("transformers.models.llama4.modeling_llama4", "Llama4TextL2Norm", weight=None, eps="eps"),
+                Anchor("diffusers.models.normalization", "MochiRMSNorm", eps="eps"),
+                Anchor("diffusers.models.transformers.transformer_cosmos3", "Cosmos3NemotronRMSNorm", eps="eps"),
+                Anchor("diffusers.models.transformers.transformer_stable_audio3", "StableAudio3RMSNorm", "gamma",
+                       eps="eps"),
             ),
             _float32_rms_norm,
             _select_float32_rms_norm,
@@ -427,6 +484,14 @@ KINDS: dict[str, NormKind] = {
             ),
             _float32_layer_norm,
             _select_float32_layer_norm,
+        ),
+        NormKind(
+            "upcast_layer_norm",
+            "x, γ and β up-cast to float32 for F.layer_norm, one cast to the input's dtype at the end (where "
+            "autocast would run F.layer_norm in a 16-bit dtype, it runs unchanged)",
+            (Anchor("diffusers.models.normalization", "FP32LayerNorm", "weight", "bias", "eps"),),
+            _upcast_layer_norm,
+            _select_upcast_layer_norm,
         ),
         NormKind(
             "layer_norm_1p",
@@ -685,6 +750,26 @@ def _library_loaded(mod: str) -> bool:
     return mod in sys.modules or mod.partition(".")[0] in sys.modules
 
 
+def _anchor_file(module: str) -> Optional[str]:
+    """The source file of ``module`` (dotted), found from its top-level package's folder: nothing is imported."""
+    top, _, rest = module.partition(".")
+    pkg = sys.modules.get(top)
+    if pkg is not None:
+        folders = list(getattr(pkg, "__path__", None) or [])
+    else:
+        spec = importlib.util.find_spec(top)  # a top-level name: finding it imports nothing
+        if spec is None:
+            return None
+        folders = list(spec.submodule_search_locations or [])
+    parts = rest.split(".") if rest else []
+    for folder in folders:
+        base = os.path.join(folder, *parts)
+        for path in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(path):
+                return path
+    return None
+
+
 def _static_dump(anchor: Anchor) -> Optional[str]:
     """The anchor's forward, parsed from its source file without importing it; ``None`` if not found there."""
     key = (anchor.module, anchor.name)
@@ -692,12 +777,12 @@ def _static_dump(anchor: Anchor) -> Optional[str]:
         return _STATIC[key]
     _STATIC[key] = None
     try:
-        spec = importlib.util.find_spec(anchor.module)
-        if spec is None or spec.origin is None:  # no such module, or one without a source file
+        path = _anchor_file(anchor.module)
+        if path is None:  # not installed, or a module without a source file
             return None
-        with open(spec.origin, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
-    except (ImportError, ValueError, AttributeError, TypeError, OSError):
+    except (ImportError, ValueError, AttributeError, TypeError, OSError, UnicodeDecodeError):
         return None
     found = re.search(rf"^class {re.escape(anchor.name)}\b.*?:[ \t]*$", text, re.M)
     if found is None:
@@ -722,22 +807,24 @@ def _static_dump(anchor: Anchor) -> Optional[str]:
 
 
 def _anchor_class(anchor: Anchor, dump: Optional[str]) -> Optional[type]:
-    """The anchor class, if its library is in use already and its forward could equal one whose tree is ``dump``.
+    """The anchor class, if its forward could equal one whose syntax tree is ``dump``; ``None`` if it cannot.
 
-    A model of one family (say Qwen2) imports its own modeling file only, so
-    the anchor's file (Llama's) is imported here, once its library is and once
-    a class with the anchor's syntax tree turns up.
+    A model of one family (say Qwen2) imports its own modeling file only, and a
+    user's copy of a class imports none: the anchor's file (Llama's) is read
+    without importing anything, and imported only once a class with the
+    anchor's syntax tree turns up. Where that file does not hold the forward
+    (inherited), the anchor is imported only if its library is in use already.
     """
     if anchor.module in sys.modules:
         return getattr(sys.modules[anchor.module], anchor.name, None)
-    if not _library_loaded(anchor.module):
-        return None
     static = _static_dump(anchor)
+    if static is None and not _library_loaded(anchor.module):
+        return None
     if static is not None and static != dump:
         return None
     try:
         module = importlib.import_module(anchor.module)
-    except Exception:  # another version of the library, without that file
+    except Exception:  # another version of the library, without that file, or one that fails to import
         return None
     cls = getattr(module, anchor.name, None)
     return cls if isinstance(cls, type) else None

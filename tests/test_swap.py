@@ -11,8 +11,10 @@ compared bit for bit; the fused kernels are then run through Triton's
 interpreter (standing in for CUDA) and compared to rounding.
 """
 
+import ast
 import copy
 import importlib
+import importlib.util
 import linecache
 import os
 import pickle
@@ -638,12 +640,35 @@ def test_a_family_is_recognised_when_only_its_own_modeling_file_is_loaded():
     # imports its package, a lazy module that loads nothing)
 
 
+def test_a_copy_of_a_norm_in_a_users_file_is_recognised_without_its_library_imported(tmp_path):
+    """A user's model file with LlamaRMSNorm pasted in (renamed), in a process that never imported transformers:
+    recognised from the installed file, which is imported only once the copy has its syntax tree."""
+    source = open(nl.interop._anchor_file("transformers.models.llama.modeling_llama"), encoding="utf-8").read()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "LlamaRMSNorm")
+    pasted = ast.get_source_segment(source, node).replace("class LlamaRMSNorm", "class MyRMSNorm", 1)
+    (tmp_path / "my_model.py").write_text("import torch\nfrom torch import nn\n\n\n" + pasted + "\n")
+    code = textwrap.dedent('''
+        import sys, torch, normlib as nl
+        from my_model import MyRMSNorm
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), MyRMSNorm(8))
+        before = "transformers" in sys.modules
+        report = nl.swap_norms(model, warn=False)
+        print(before, report.count, model[1]._normlib_kind, "transformers.models.llama.modeling_llama" in sys.modules)
+        print(nl.interop.classify(MyRMSNorm)[1])
+    ''')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["False 1 llama_rms_norm True",
+                                       "forward identical to transformers.models.llama.modeling_llama.LlamaRMSNorm"]
+
+
 def test_anchors_read_from_their_files_match_the_imported_classes():
     """The syntax tree read from an anchor's file (to avoid importing it) is the one its imported class has."""
     checked = 0
     for entry in list(nl.interop.KINDS.values()) + list(nl.interop.UNFUSED.values()):
         for anchor in entry.anchors:
-            if not anchor.module.startswith("transformers."):
+            if not anchor.module.startswith(("transformers.", "diffusers.")):
                 continue
             try:
                 cls = getattr(importlib.import_module(anchor.module), anchor.name)
@@ -652,4 +677,4 @@ def test_anchors_read_from_their_files_match_the_imported_classes():
             static = nl.interop._static_dump(anchor)
             assert static is not None and static == nl.interop._forward_dump(cls), anchor
             checked += 1
-    assert checked >= 15
+    assert checked >= 15 + (6 if importlib.util.find_spec("diffusers") else 0)

@@ -1,7 +1,7 @@
 """Each kind's rounding order, against the original class's own forward.
 
 For every kind of ``normlib.interop.KINDS`` and the classes that define it
-(``torch.nn`` and transformers, built directly, random γ/β):
+(``torch.nn``, transformers and diffusers, built directly, random γ/β):
 
 * on the CPU reference path (a swapped module runs its class's forward where the
   kernels do not apply) outputs and gradients are bitwise equal to the
@@ -35,6 +35,11 @@ N = 24  # features: not a power of two
 def _tf(module: str, name: str):
     mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     return getattr(mod, name)
+
+
+def _df(module: str, name: str):
+    pytest.importorskip("diffusers")
+    return getattr(importlib.import_module(f"diffusers.models.{module}"), name)
 
 
 def _cpmant(n):
@@ -72,6 +77,20 @@ CASES = [
     ("OlmoLayerNorm", "float32_layer_norm", lambda n: _tf("olmo", "OlmoLayerNorm")(n), 3),
     ("NemotronLayerNorm1P", "layer_norm_1p", lambda n: _tf("nemotron", "NemotronLayerNorm1P")(n), 3),
     ("DebertaLayerNorm", "deberta_layer_norm", lambda n: _tf("deberta", "DebertaLayerNorm")(n), 3),
+    # diffusers' norms (SD3's and Flux's q/k norms are its RMSNorm)
+    ("diffusers.RMSNorm", "t5_layer_norm", lambda n: _df("normalization", "RMSNorm")(n, eps=1e-6), 3),
+    ("diffusers.RMSNorm-no-weight", "float32_rms_norm",
+     lambda n: _df("normalization", "RMSNorm")(n, eps=1e-6, elementwise_affine=False), 3),
+    ("diffusers.MochiRMSNorm", "float32_rms_norm", lambda n: _df("normalization", "MochiRMSNorm")(n, eps=1e-6), 3),
+    ("diffusers.Cosmos3NemotronRMSNorm", "float32_rms_norm",
+     lambda n: _df("transformers.transformer_cosmos3", "Cosmos3NemotronRMSNorm")(n, eps=1e-6), 3),
+    ("diffusers.StableAudio3RMSNorm", "float32_rms_norm",
+     lambda n: _df("transformers.transformer_stable_audio3", "StableAudio3RMSNorm")(n), 3),
+    ("diffusers.QwenImage21ZeroCenterRMSNorm", "gemma_rms_norm",
+     lambda n: _df("transformers.transformer_qwenimage21", "QwenImage21ZeroCenterRMSNorm")(n), 3),
+    ("diffusers.FP32LayerNorm", "upcast_layer_norm", lambda n: _df("normalization", "FP32LayerNorm")(n), 3),
+    ("diffusers.SDCascadeLayerNorm", "channels_first_layer_norm",
+     lambda n: _df("unets.unet_stable_cascade", "SDCascadeLayerNorm")(n, eps=1e-6), 4),
 ]
 IDS = [c[0] for c in CASES]
 # (input dtype, γ/β dtype)
@@ -197,6 +216,40 @@ def test_settings_that_the_kernels_cannot_take_are_left_alone_with_the_reason():
     reasons = {name.rsplit(".", 1)[-1]: why for name, (_, why) in report.left.items()}
     assert "one γ per head" in reasons["CohereLayerNorm"]
     assert "last 2 dimensions" in reasons["LayerNorm"]
+
+
+def test_diffusers_settings_the_kernels_cannot_take_are_left_alone_with_the_reason():
+    rms, audio = _df("normalization", "RMSNorm"), _df("transformers.transformer_stable_audio3", "StableAudio3RMSNorm")
+    report = nl.swap_norms(nn.Sequential(rms(N, eps=1e-6, bias=True), audio(N, force_fp32=False)), warn=False)
+    assert report.count == 0
+    reasons = {name.rsplit(".", 1)[-1]: why for name, (_, why) in report.left.items()}
+    assert "adds β after T5's order" in reasons["RMSNorm"]
+    assert "force_fp32=False" in reasons["StableAudio3RMSNorm"] and "input's own dtype" in reasons["StableAudio3RMSNorm"]
+
+
+@pytest.mark.interpreter
+def test_fp32_layer_norm_under_autocast(kernels_on_cpu, monkeypatch):
+    """diffusers' FP32LayerNorm calls F.layer_norm on float32 copies, so its order is float32's unless autocast
+    lowers layer_norm to a 16-bit dtype (torch's policy, asked of torch by a probe): then the swapped module runs
+    the class's forward, bit for bit; else the kernels, as close to float64 as the original."""
+    original, swapped, report = _pair(lambda n: _df("normalization", "FP32LayerNorm")(n), torch.float32)
+    assert report.count == 1
+    exact = copy.deepcopy(original).double()
+    kernels_on_cpu()
+    x = _input(3, torch.bfloat16)
+    binding = type(swapped)._normlib_binding
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        lowered = interop._autocast_dtype("layer_norm", x) not in (None, torch.float32)
+        assert (interop.fused(binding, swapped, x) is None) == lowered
+        ya, yb = original(x), swapped(x)
+    assert yb.dtype == ya.dtype == torch.bfloat16
+    if lowered:
+        assert torch.equal(ya, yb)
+    else:
+        assert_no_worse(yb, ya, exact(x.double()), torch.bfloat16, "output")
+    # and a torch whose CPU autocast lowers layer_norm (the probe's answer, forced): the class's own forward
+    monkeypatch.setattr(interop, "_autocast_dtype", lambda op, t: torch.bfloat16)
+    assert interop.fused(binding, swapped, x) is None
 
 
 def test_gemma3n_with_and_without_scale_bind_to_their_gamma():

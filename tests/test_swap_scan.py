@@ -1,18 +1,21 @@
-"""Every norm class of the installed transformers is classified: a kind normlib fuses, or left alone with a reason.
+"""Every norm class of the installed transformers and diffusers is classified: a kind, or left alone with a reason.
 
-The scan imports every ``transformers.models.*.modeling_*`` module and finds
-their norm classes (``tests/_transformers_norms.py`` says which classes count).
-Each must be recognised by ``normlib.interop.classify`` as one of normlib's
-kinds, be one normlib itself knows to leave alone (``interop.UNFUSED``), or be
-on the explicit list ``LEFT_ALONE`` with its reason. So a transformers release
-that adds a norm fails this test until the norm is classified: an anchor added
-to a kind in ``normlib/interop.py``, or an entry in that list.
+The scans import every modeling module of each library (transformers'
+``transformers.models.*.modeling_*``, every module under ``diffusers.models``)
+and find their norm classes (``tests/_library_norms.py`` says which classes
+count). Each must be recognised by ``normlib.interop.classify`` as one of
+normlib's kinds, be one normlib itself knows to leave alone
+(``interop.UNFUSED``), or be on the explicit list ``LEFT_ALONE[library]`` with
+its reason. So a release that adds a norm fails this test until the norm is
+classified: an anchor added to a kind in ``normlib/interop.py``, or an entry in
+that list.
 
-The scan runs in a child process: importing some 550 modeling files takes half
+Each scan runs in a child process: importing some 550 modeling files takes half
 a minute and a few hundred MB, which the other tests in this worker should not
 carry.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -21,8 +24,7 @@ import textwrap
 
 import pytest
 
-transformers = pytest.importorskip("transformers")
-
+LIBRARIES = ("transformers", "diffusers")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 _SCAN = textwrap.dedent('''
@@ -31,10 +33,10 @@ _SCAN = textwrap.dedent('''
     sys.path.insert(0, {here!r})
     import transformers
     transformers.logging.set_verbosity_error()
-    import _transformers_norms as T
+    import _library_norms as T
     from normlib import interop
     out = {{}}
-    for key, cls in T.norm_classes().items():
+    for key, cls in T.norm_classes({library!r}).items():
         kind, why = interop.classify(cls)
         out[key] = [kind, why, f"{{cls.__module__}}.{{cls.__qualname__}}"]
     with open(sys.argv[1], "w") as f:  # not stdout: some modeling files print when imported
@@ -42,44 +44,86 @@ _SCAN = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="module")
-def scan(tmp_path_factory):
-    out = tmp_path_factory.mktemp("scan") / "classes.json"
+def _scan(library, tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip(library)
+    out = tmp_path_factory.mktemp("scan") / f"{library}.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _SCAN.format(here=HERE), str(out)], capture_output=True, text=True,
-                          timeout=900, env=env)
+    proc = subprocess.run([sys.executable, "-c", _SCAN.format(here=HERE, library=library), str(out)],
+                          capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-def _major() -> int:
-    return int(transformers.__version__.split(".")[0])
+@pytest.fixture(scope="module")
+def scans(tmp_path_factory):
+    return {}, tmp_path_factory
 
 
-def test_every_norm_class_is_a_kind_or_left_alone_with_a_reason(scan):
-    import _transformers_norms as T
+@pytest.fixture
+def scan_of(scans):
+    found, factory = scans
+
+    def get(library):
+        if library not in found:
+            found[library] = _scan(library, factory)
+        return found[library]
+    return get
+
+
+@pytest.fixture
+def scan(scan_of):
+    return scan_of("transformers")
+
+
+def _major(library="transformers") -> int:
+    return int(importlib.import_module(library).__version__.split(".")[0])
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_every_norm_class_is_a_kind_or_left_alone_with_a_reason(scan_of, library):
+    import _library_norms as T
     from normlib import interop
 
+    scan = scan_of(library)
     unfused = {u.reason for u in interop.UNFUSED.values()}
     unclassified = []
     for key, (kind, why, where) in sorted(scan.items()):
         if kind is not None:
             assert kind in interop.KINDS, key
-        elif why not in unfused and not T.left_alone(key, _major()):
+        elif why not in unfused and not T.left_alone(key, _major(library), library):
             unclassified.append(f"{key} ({where}): {why}")
     assert not unclassified, (
-        f"{len(unclassified)} norm class(es) of transformers {transformers.__version__} are neither a kind normlib "
-        "fuses nor on the list of those it leaves alone (add an anchor in normlib/interop.py, or an entry with "
-        "its reason in tests/_transformers_norms.py):\n" + "\n".join(unclassified))
+        f"{len(unclassified)} norm class(es) of {library} {importlib.import_module(library).__version__} are neither "
+        "a kind normlib fuses nor on the list of those it leaves alone (add an anchor in normlib/interop.py, or an "
+        f"entry with its reason in tests/_library_norms.py):\n" + "\n".join(unclassified))
 
 
-def test_the_list_of_classes_left_alone_is_honest(scan):
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_the_list_of_classes_left_alone_is_honest(scan_of, library):
     """A listed class that normlib now fuses must leave the list; every listed reason says something."""
-    import _transformers_norms as T
+    import _library_norms as T
 
-    recognised = [k for k, (kind, _, _) in scan.items() if kind is not None and T.left_alone(k, _major())]
+    scan = scan_of(library)
+    major = _major(library)
+    recognised = [k for k, (kind, _, _) in scan.items() if kind is not None and T.left_alone(k, major, library)]
     assert not recognised, f"listed as left alone, but recognised: {recognised}"
-    assert all(isinstance(why, str) and len(why) > 20 for why in T.LEFT_ALONE.values())
+    assert all(isinstance(why, str) and len(why) > 20 for why in T.LEFT_ALONE[library].values())
+    if library == "diffusers":  # its list is for one release line: every entry names a class the scan found
+        assert set(T.LEFT_ALONE[library]) <= set(scan), set(T.LEFT_ALONE[library]) - set(scan)
+
+
+def test_the_diffusers_norms_the_issue_names_are_recognised(scan_of):
+    """SD3's and Flux's q/k norms (diffusers' RMSNorm) and FP32LayerNorm land in kinds, with true reasons."""
+    scan = scan_of("diffusers")
+    expected = {
+        "normalization.RMSNorm": "t5_layer_norm",
+        "normalization.FP32LayerNorm": "upcast_layer_norm",
+        "normalization.MochiRMSNorm": "float32_rms_norm",
+        "unets.unet_stable_cascade.SDCascadeLayerNorm": "channels_first_layer_norm",
+    }
+    assert {k: scan[k][0] for k in expected} == expected
+    assert scan["normalization.RMSNorm"][1] == "forward identical to diffusers.models.normalization.RMSNorm"
 
 
 def test_the_scan_finds_the_norms_the_issue_names(scan):

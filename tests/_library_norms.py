@@ -1,24 +1,27 @@
-"""Every norm class in the installed ``transformers``, and the ones normlib deliberately leaves alone.
+"""Every norm class in the installed ``transformers`` and ``diffusers``, and the ones normlib deliberately leaves alone.
 
-``norm_classes()`` imports every ``transformers.models.*.modeling_*`` module and
-returns its norm classes, keyed ``"<model directory>.<class name>"``. A *norm
-class* is a module class defined there that subclasses one of torch's norms,
-or whose name contains "norm" and whose forward is a leaf computation: it
-calls no submodule (``self.<attribute>(...)`` of an attribute that is not a
-method, or a local variable such as an element of a ``ModuleList``) and is not
-``nn.Module``'s missing forward. That leaves out containers named after the
-norms they hold (``Wav2Vec2EncoderStableLayerNorm``, ``DFineConvNormLayer``,
-StableLM's ``StableLmLayerNormPerHead``, ``RobertaPreLayerNormModel``): their
-norms are classes of their own, scanned on their own.
+``norm_classes(library)`` imports every modeling module of the library (for
+transformers ``transformers.models.*.modeling_*``, for diffusers every module
+under ``diffusers.models``) and returns its norm classes, keyed
+``"<module path below the models package>.<class name>"`` (transformers:
+``"<model directory>.<class name>"``). A *norm class* is a module class defined
+there that subclasses one of torch's norms, or whose name contains "norm" and
+whose forward is a leaf computation: it calls no submodule
+(``self.<attribute>(...)`` of an attribute that is not a method, or a local
+variable such as an element of a ``ModuleList``) and is not ``nn.Module``'s
+missing forward. That leaves out containers named after the norms they hold
+(``Wav2Vec2EncoderStableLayerNorm``, ``DFineConvNormLayer``, StableLM's
+``StableLmLayerNormPerHead``, ``RobertaPreLayerNormModel``, diffusers'
+``AdaLayerNorm``): their norms are classes of their own, scanned on their own.
 
-``LEFT_ALONE`` lists the norm classes normlib recognises as none of its kinds
-on purpose, each with the reason. Classes normlib itself knows to leave alone
-(``normlib.interop.UNFUSED``: gated RMSNorms, frozen batch norms, torch's
-BatchNorm/GroupNorm) give their own reason and need no entry. Keys are
-``"<model directory>.<class name>"`` in transformers 5.x and 4.x alike; an
-entry for a class one version does not have is fine (the other has it). A key
-ending in ``@4`` (or ``@5``) holds for that major version only: the class is
-recognised in the other.
+``LEFT_ALONE[library]`` lists the norm classes normlib recognises as none of
+its kinds on purpose, each with the reason. Classes normlib itself knows to
+leave alone (``normlib.interop.UNFUSED``: gated RMSNorms, frozen batch norms,
+torch's BatchNorm/GroupNorm) give their own reason and need no entry. Keys of
+transformers are ``"<model directory>.<class name>"`` in transformers 5.x and
+4.x alike; an entry for a class one version does not have is fine (the other
+has it). A key ending in ``@4`` (or ``@5``) holds for that major version only:
+the class is recognised in the other.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._Nor
 
 _STATS_IN_INPUT_DTYPE = "statistics in the input's own dtype; the kernels accumulate in float32 and cannot round so"
 
-LEFT_ALONE = {
+TRANSFORMERS_LEFT_ALONE = {
     # statistics in the input's own dtype (no up-cast): the kernels cannot reproduce that rounding
     "vitdet.VitDetLayerNorm": _STATS_IN_INPUT_DTYPE + " (and it normalizes dim 1 of (N, C, H, W))",
     "gradium_phonon_tts.GradiumPhononTTSFlowLayerNorm": _STATS_IN_INPUT_DTYPE,
@@ -73,12 +76,44 @@ LEFT_ALONE = {
 }
 
 
-def left_alone(key: str, major: int):
-    """The reason ``key`` is deliberately left alone under transformers ``major``.x, or ``None``."""
-    return LEFT_ALONE.get(f"{key}@{major}") or LEFT_ALONE.get(key)
+_L2 = "an L2 normalization (F.normalize: x / max(‖x‖, 1e-12)) times √C, not x·rsqrt(mean(x²) + ε)"
+DIFFUSERS_LEFT_ALONE = {
+    "autoencoders.autoencoder_kandinsky6_sr.Kandinsky6VAERMSNorm": _L2,
+    "latent_upscaler.latent_upscaler_kandinsky6_sr.Kandinsky6SRLatentUpscalerRMSNorm": _L2,
+    "autoencoders.autoencoder_kl_wan.WanRMS_norm": _L2,
+    "autoencoders.autoencoder_kl_qwenimage.QwenImageRMS_norm": _L2,
+    "autoencoders.autoencoder_kl_qwenimage21.QwenImage21RMS_norm": _L2,
+    "autoencoders.autoencoder_kl_hunyuanimage_refiner.HunyuanImageRefinerRMS_norm": _L2,
+    "autoencoders.autoencoder_kl_hunyuanvideo15.HunyuanVideo15RMS_norm": _L2,
+    "autoencoders.autoencoder_kl_ltx2.PerChannelRMSNorm": _STATS_IN_INPUT_DTYPE + " (x / sqrt(mean(x²) + ε) over dim 1)",
+    "autoencoders.autoencoder_kl_ltx2_audio.LTX2AudioPixelNorm": _STATS_IN_INPUT_DTYPE + " (x / sqrt(mean(x²) + ε))",
+    "transformers.transformer_krea2.Krea2RMSNorm": "1 + γ rounded to γ's dtype, then F.rms_norm on a float32 copy "
+    "(Gemma adds in float32)",
+    "normalization.GlobalResponseNorm": "global response normalization (ConvNeXt-V2): spatial L2 norms divided by "
+    "their channel mean",
+    "unets.unet_stable_cascade.GlobalResponseNorm": "global response normalization (ConvNeXt-V2): spatial L2 norms "
+    "divided by their channel mean",
+    "normalization.LpNorm": "an Lp normalization (F.normalize), without mean or ε inside a square root",
+}
+
+LEFT_ALONE = {"transformers": TRANSFORMERS_LEFT_ALONE, "diffusers": DIFFUSERS_LEFT_ALONE}
 
 
-def _module_names():
+def left_alone(key: str, major: int, library: str = "transformers"):
+    """The reason ``key`` is deliberately left alone under ``library`` ``major``.x, or ``None``."""
+    table = LEFT_ALONE[library]
+    return table.get(f"{key}@{major}") or table.get(key)
+
+
+def _module_names(library: str):
+    """``(key prefix, module name)`` for every modeling module of ``library``."""
+    if library == "diffusers":
+        import diffusers.models as models
+
+        for info in pkgutil.walk_packages(models.__path__, "diffusers.models."):
+            if not info.ispkg:
+                yield info.name.removeprefix("diffusers.models."), info.name
+        return
     import transformers.models as models
 
     for info in pkgutil.iter_modules(models.__path__):
@@ -135,10 +170,10 @@ def is_norm_class(cls) -> bool:
     return owner is not None and owner is not nn.Module and not calls_a_submodule(cls)
 
 
-def norm_classes() -> dict:
-    """``{"<model directory>.<class name>": class}`` for every norm class of the installed transformers."""
+def norm_classes(library: str = "transformers") -> dict:
+    """``{"<key prefix>.<class name>": class}`` for every norm class of the installed ``library``."""
     found = {}
-    for directory, module_name in _module_names():
+    for prefix, module_name in _module_names(library):
         try:
             module = importlib.import_module(module_name)
         except Exception:  # an optional dependency missing (e.g. torchaudio)
@@ -146,5 +181,5 @@ def norm_classes() -> dict:
         for name, cls in vars(module).items():
             if isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__ == module_name:
                 if is_norm_class(cls):
-                    found[f"{directory}.{name}"] = cls
+                    found[f"{prefix}.{name}"] = cls
     return found
