@@ -70,17 +70,49 @@ def test_versions_record_matches_this_environment():
             )
 
 
-@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
 def test_chapters_start_with_the_setup_cell(nb):
-    """A chapter opened on Colab/Binder or downloaded installs normlib first (book/_tools/add_setup_cell.py)."""
-    first = nbformat.read(nb, as_version=4).cells[0]
+    """A chapter opened on Colab/Binder or downloaded installs what it needs first (book/_tools/add_setup_cell.py)."""
+    book = nbformat.read(nb, as_version=4)
+    first = book.cells[0]
     assert setup_cell.is_setup_cell(first), f"{nb.name}: no set-up cell first: run `make setup-cells`, then `make notebooks`"
-    assert first.source == setup_cell.setup_cell_source(), (
-        f"{nb.name}: the set-up cell is out of date (another text, or another NORMLIB_REPOSITORY_URL): "
-        "run `make setup-cells`"
+    assert first.source == setup_cell.setup_cell_source(None, book), (
+        f"{nb.name}: the set-up cell is out of date (another text, other imports or records, or another "
+        "NORMLIB_REPOSITORY_URL): run `make setup-cells`"
     )
     assert "remove-cell" in first.metadata["tags"]  # not shown on the rendered page
-    assert first.get("outputs", []) == [], "the set-up cell prints nothing where normlib is installed"
+    assert first.get("outputs", []) == [], "the set-up cell prints nothing where everything is installed"
+
+
+def test_the_setup_cell_names_what_each_chapter_needs():
+    """Read from the code: the packages beyond the standard library and the records of book/data/."""
+    def needs(name):
+        return setup_cell.needs(nbformat.read(BOOK / f"{name}.ipynb", as_version=4))
+
+    packages, data = needs("05b_does_normalization_help")
+    assert set(packages) == {"matplotlib", "sklearn", "tqdm"} and packages["sklearn"].startswith("scikit-learn>=")
+    assert data == []
+    packages, data = needs("07_fused_gpu")
+    assert {"matplotlib", "transformers", "triton"} <= set(packages)
+    assert {"benchmark.json", "tune_bwd.json", "interop_check.json"} <= set(data)
+    assert needs("versions") == ({}, ["executed_with.json"])
+    # a package the extras do not list is refused: the cell could not install it at a known floor
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import seaborn")]
+    with pytest.raises(SystemExit, match="seaborn"):
+        setup_cell.needs(nb)
+
+
+def test_the_setup_cell_without_a_repository_names_what_is_missing(tmp_path, monkeypatch):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('import json, normlib, matplotlib\njson.loads(open("data/executed_with.json").read())')]
+    source = setup_cell.setup_cell_source("", nb)
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    with pytest.raises(ModuleNotFoundError, match=r"It reads executed_with.json .*book/data/"):
+        exec(compile(source, "setup-cell", "exec"), {})
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "executed_with.json").write_text("{}")
+    exec(compile(source, "setup-cell", "exec"), {})  # everything there: nothing happens
 
 
 def test_setup_cell_tool_is_idempotent_and_does_what_it_says(tmp_path):
@@ -95,7 +127,7 @@ def test_setup_cell_tool_is_idempotent_and_does_what_it_says(tmp_path):
     assert path.read_bytes() == once  # a second run changes nothing
     cells = nbformat.read(path, as_version=4).cells
     assert setup_cell.is_setup_cell(cells[0]) and [c.source for c in cells[1:]] == ["# A chapter", "import normlib as nl"]
-    assert 'git+https://github.com/o/r"' in cells[0].source
+    assert "'https://github.com/o/r'" in cells[0].source and '"git", "clone"' in cells[0].source
     # without a repository: a message saying how to install, instead of an install
     assert setup_cell.main(["--repository", "", str(path)]) == 0
     cells = nbformat.read(path, as_version=4).cells

@@ -1,65 +1,112 @@
-"""Give every chapter a first cell that makes `import normlib` work anywhere.
+"""Give every chapter a first cell that makes it run anywhere: downloaded alone, on Colab, on Binder.
 
-    python book/_tools/add_setup_cell.py                      # every chapter, book/[0-9]*.ipynb
+    python book/_tools/add_setup_cell.py                      # every notebook, book/*.ipynb
     python book/_tools/add_setup_cell.py book/01_layer_norm.ipynb ...
-    python book/_tools/add_setup_cell.py --check              # exit 1 if a chapter lacks it or has an old one
+    python book/_tools/add_setup_cell.py --check              # exit 1 if a notebook lacks it or has an old one
 
 A chapter opened on Colab or Binder, or downloaded from the book, runs in an
-environment that may not have normlib. Its first cell installs normlib there,
-from the book's repository (NORMLIB_REPOSITORY_URL, the setting the build
-reads for the repository and launch buttons: book/_ext/repository.py), or,
-when no repository is configured, stops with a message that says how to
-install it. In the project's own environment normlib is importable and the
-cell does nothing, so it prints nothing and nbval has nothing to compare.
+environment that may have neither normlib nor the packages the chapter's code
+imports (matplotlib, tqdm, scikit-learn, transformers, triton), nor the
+records it reads from the book's ``book/data/`` folder. Its first cell checks
+for each of them, names exactly those found missing, and installs them:
+normlib and the records from a clone of the book's repository
+(NORMLIB_REPOSITORY_URL, the setting the build reads for the repository and
+launch buttons: book/_ext/repository.py), the packages from PyPI at the floors
+of ``pyproject.toml``'s ``book`` and ``triton`` extras (one place for them).
+When no repository is configured, it stops instead with a message that names
+what is missing and how to install it. In the project's own environment
+everything is there and the cell does nothing, so it prints nothing and nbval
+has nothing to compare.
+
+What a chapter needs is read from its code: the top-level packages of its
+import statements (not the standard library, not torch, which normlib brings,
+not IPython, which every Jupyter kernel has) and the string constants that
+name a file of ``book/data/``. ``tests/test_book.py`` holds every notebook to
+the cell this tool writes; ``make test-standalone`` runs every chapter alone
+in a fresh virtual environment from its set-up cell.
 
 The cell is tagged ``remove-cell`` (Jupyter Book leaves it out of the
 rendered page; nbval runs it like any other) and ``normlib-setup`` (how this
 tool finds it again). Running the tool again is a no-op when the cell is
-current: it updates the cell's source if the repository or the text changed,
-moves it back to the top if it moved, and rewrites a notebook only when
-something changed. After adding the cell, re-execute the chapters
-(`make notebooks`) so that their execution counts run from the top again.
+current: it updates the cell's source if the repository, the chapter's needs
+or the text changed, moves it back to the top if it moved, and rewrites a
+notebook only when something changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
+import pprint
+import re
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
 
 BOOK = Path(__file__).resolve().parents[1]
+DATA = BOOK / "data"
 TAG = "normlib-setup"
 TAGS = ["remove-cell", TAG]
 CELL_ID = "normlib-setup"
+# import name -> distribution name, where they differ
+DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+# provided without asking: normlib brings torch; every Jupyter kernel has IPython
+PROVIDED = {"normlib", "torch", "IPython"}
 
 HEADER = """\
 # Set-up for running this chapter outside the book's own environment (Colab,
-# Binder, a downloaded notebook): if normlib cannot be imported, install it from
-# the book's repository when one was configured, or explain how to install it.
-# In the book's environment normlib is installed and this cell does nothing.
+# Binder, a downloaded notebook): installs what the chapter needs and is missing,
+# or says how. In the book's environment everything is there and it does nothing.
 import importlib.util
+from pathlib import Path
+
+"""
+
+_NEEDS = """\
+# import name -> what pip installs
+PACKAGES = {packages}
+# files of the book's data/ folder that this chapter reads
+DATA = {data}
+missing = [pip for name, pip in PACKAGES.items() if importlib.util.find_spec(name) is None]
+need_normlib = {need_normlib}
+need_data = [f for f in DATA if not (Path("data") / f).exists()]
 """
 
 _INSTALL = """\
-if importlib.util.find_spec("normlib") is None:
+if missing or need_normlib or need_data:
+    import shutil
     import subprocess
     import sys
+    import tempfile
 
-    print("normlib is not installed here: installing it from {url} ...")
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "git+{url}"])
+    print("installing what this chapter needs:", ", ".join(missing + ["normlib"] * need_normlib + need_data))
+    if missing:
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", *missing])
+    if need_normlib or need_data:
+        with tempfile.TemporaryDirectory() as clone:
+            subprocess.check_call(["git", "clone", "--quiet", "--depth", "1", {url!r}, clone])
+            if need_normlib:
+                subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", clone])
+            Path("data").mkdir(exist_ok=True)
+            for f in need_data:
+                shutil.copy(Path(clone, "book", "data", f), Path("data", f))
     importlib.invalidate_caches()
 """
 
 _EXPLAIN = """\
-if importlib.util.find_spec("normlib") is None:
+if missing or need_normlib or need_data:
     raise ModuleNotFoundError(
-        "This chapter needs normlib, the package the book is built on. Install it from a clone "
-        "of the book's repository (pip install -e . in its root; `make lab` there sets up "
-        "everything and opens the chapters), or with pip install git+<the repository's URL>; "
-        "then restart the kernel and run the notebook again."
+        "This chapter needs what is not installed here. "
+        + (f"Install it with: pip install {' '.join(repr(p) for p in missing)}. " if missing else "")
+        + ("It needs normlib, the package the book is built on: install it from a clone of the book's "
+           "repository (pip install . in its root; `make lab` there sets up everything and opens the "
+           "chapters). " if need_normlib else "")
+        + (f"It reads {', '.join(need_data)} from the repository's book/data/ folder: copy those files into "
+           "a folder data/ beside this notebook. " if need_data else "")
+        + "Then restart the kernel and run the notebook again."
     )
 """
 
@@ -72,10 +119,65 @@ def _repository_url() -> str:
     return module.repository_url()
 
 
-def setup_cell_source(repository_url: str | None = None) -> str:
-    """The set-up cell's source for ``repository_url`` (default: the configured one)."""
+def _floors() -> dict[str, str]:
+    """Distribution name -> its requirement in pyproject.toml's ``book`` and ``triton`` extras."""
+    extras = tomllib.loads((BOOK.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    out = {}
+    for req in extras["book"] + extras["triton"]:
+        name = re.match(r"[A-Za-z0-9_.-]+", req).group(0)
+        out[name.lower()] = req
+    return out
+
+
+def _code(nb) -> str:
+    """The notebook's code, IPython's magics and shell lines left out, the set-up cell too."""
+    lines = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and not is_setup_cell(cell):
+            lines += [ln for ln in cell.source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _imports(nb) -> set[str]:
+    """The top-level packages a notebook's code imports."""
+    names = set()
+    for node in ast.walk(ast.parse(_code(nb))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.partition(".")[0])
+    return names
+
+
+def needs(nb) -> tuple[dict[str, str], list[str]]:
+    """What a notebook's code needs: ``({import name: pip requirement}, [files of book/data/])``."""
+    names, data = _imports(nb), set()
+    for node in ast.walk(ast.parse(_code(nb))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value:
+            name = node.value.removeprefix("data/")
+            if "/" not in name and (DATA / name).is_file():
+                data.add(name)
+    floors = _floors()
+    packages = {}
+    for name in sorted(names - PROVIDED - set(sys.stdlib_module_names)):
+        dist = DISTRIBUTIONS.get(name, name)
+        if dist.lower() not in floors:
+            raise SystemExit(f"a notebook imports {name!r}, which pyproject.toml's book and triton extras do not "
+                             "list: add it there (the set-up cell installs what they list)")
+        packages[name] = floors[dist.lower()]
+    return packages, sorted(data)
+
+
+def setup_cell_source(repository_url: str | None = None, nb=None) -> str:
+    """The set-up cell's source for ``nb`` (its needs; none if ``None``) and ``repository_url`` (default: the
+    configured one)."""
     url = _repository_url() if repository_url is None else repository_url.strip().rstrip("/")
-    return HEADER + (_INSTALL.format(url=url) if url else _EXPLAIN)
+    packages, data = needs(nb) if nb is not None else ({}, [])
+    normlib = nb is None or "normlib" in _imports(nb)
+    body = _NEEDS.format(packages=pprint.pformat(packages, width=100), data=pprint.pformat(data, width=100),
+                         need_normlib='importlib.util.find_spec("normlib") is None' if normlib else "False")
+    return HEADER + body + (_INSTALL.format(url=url) if url else _EXPLAIN)
 
 
 def is_setup_cell(cell) -> bool:
@@ -115,20 +217,19 @@ def update(nb, source: str) -> bool:
 
 
 def chapters() -> list[Path]:
-    return sorted(BOOK.glob("[0-9]*.ipynb"))
+    return sorted(BOOK.glob("*.ipynb"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every chapter, book/[0-9]*.ipynb")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook, book/*.ipynb")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook needs updating")
     parser.add_argument("--repository", help="the repository URL (default: $NORMLIB_REPOSITORY_URL)")
     args = parser.parse_args(argv)
-    source = setup_cell_source(args.repository)
     stale = []
     for path in args.notebooks or chapters():
         nb = nbformat.read(path, as_version=4)
-        if not update(nb, source):
+        if not update(nb, setup_cell_source(args.repository, nb)):
             continue
         stale.append(path)
         if not args.check:
