@@ -99,7 +99,7 @@ import sys
 import textwrap
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Literal, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -849,8 +849,19 @@ def _libraries() -> tuple:
     return tuple(_library_loaded(a.module) for table in (KINDS, UNFUSED) for e in table.values() for a in e.anchors)
 
 
-def _match(cls: type) -> tuple:
-    """``(NormKind or Unfused or None, anchor, why)`` for a class, from its forward alone."""
+class _Match(NamedTuple):
+    """What a class's forward computes: a kind (``entry`` a NormKind), a norm left alone (an Unfused entry, or a
+    torch norm's subclass with a forward of its own: ``status`` "left"), none of them ("unknown"), or a normlib
+    class ("normlib"); with the anchor it matched and the reason the report gives."""
+
+    entry: Union[NormKind, Unfused, None]
+    anchor: Optional[Anchor]
+    status: Literal["swap", "left", "unknown", "normlib"]
+    why: str
+
+
+def _match(cls: type) -> _Match:
+    """What ``cls``'s forward computes (:class:`_Match`), from its forward alone; cached per class."""
     key = (cls, _libraries())
     if key in _CLASSES:
         return _CLASSES[key]
@@ -860,33 +871,33 @@ def _match(cls: type) -> tuple:
     return _CLASSES[key]
 
 
-def _classify_class(cls: type) -> tuple:
+def _classify_class(cls: type) -> _Match:
     """:func:`_match`'s work, under ``_LOCK``."""
     if cls.__module__.startswith("normlib."):
-        out = (None, None, "already a normlib module")
-    elif cls.__module__.startswith("torch.") and not issubclass(cls, _TORCH_NORMS):
-        out = (None, None, _UNKNOWN)  # torch's own Linear, Dropout, ...: known not to be norms
-    else:
-        out = _match_forward(cls)
-    return out
+        return _Match(None, None, "normlib", "already a normlib module")
+    if cls.__module__.startswith("torch.") and not issubclass(cls, _TORCH_NORMS):
+        return _Match(None, None, "unknown", _UNKNOWN)  # torch's own Linear, Dropout, ...: known not to be norms
+    return _match_forward(cls)
 
 
-def _match_forward(cls: type) -> tuple:
+def _match_forward(cls: type) -> _Match:
     dump = _forward_dump(cls)
     for table in (KINDS, UNFUSED):
         for entry in table.values():
             for anchor in entry.anchors:
                 anchor_cls = _anchor_class(anchor, dump)
                 if isinstance(anchor_cls, type) and _same_computation(cls, anchor_cls):
-                    return entry, anchor, entry.reason if isinstance(entry, Unfused) else _anchor_why(cls, anchor_cls)
+                    if isinstance(entry, Unfused):
+                        return _Match(entry, anchor, "left", entry.reason)
+                    return _Match(entry, anchor, "swap", _anchor_why(cls, anchor_cls))
     for entry in UNFUSED.values():
         if entry.torch_classes and issubclass(cls, entry.torch_classes):
-            return entry, None, entry.reason
+            return _Match(entry, None, "left", entry.reason)
     for tc in _TORCH_FUSED:
         if issubclass(cls, tc):
-            return None, None, (f"subclass of torch.nn.{tc.__name__} with a forward of its own, which normlib does "
-                                "not know; it runs unchanged")
-    return None, None, _UNKNOWN
+            return _Match(None, None, "left", f"subclass of torch.nn.{tc.__name__} with a forward of its own, which "
+                                              "normlib does not know; it runs unchanged")
+    return _Match(None, None, "unknown", _UNKNOWN)
 
 
 def _anchor_why(cls: type, anchor_cls: type) -> str:
@@ -910,27 +921,47 @@ def classify(cls: type) -> tuple[Optional[str], str]:
     """
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise NormTypeError(f"cls must be a torch.nn.Module subclass (got {cls!r})")
-    entry, _, why = _match(cls)
-    return (entry.name, why) if isinstance(entry, NormKind) else (None, why)
+    m = _match(cls)
+    return (m.entry.name, m.why) if isinstance(m.entry, NormKind) else (None, m.why)
 
 
-def _bind(module: nn.Module) -> tuple[Optional[Binding], str]:
-    """``(binding, why)`` for a module: what a swapped forward reads, or ``None`` and why it is left alone."""
+@dataclass(frozen=True)
+class Verdict:
+    """What normlib makes of one module: the binding a swapped forward reads, or why it is left alone.
+
+    ``status`` says which: ``"swap"`` (a kind, ``binding`` set), ``"left"``
+    (normlib knows what the class computes, or that a setting or the module
+    itself keeps it from the kernels: the report lists it with ``reason``),
+    ``"unknown"`` (a forward that computes none of the kinds: listed only if it
+    looks like a norm) or ``"normlib"`` (a normlib module already).
+    """
+
+    status: Literal["swap", "left", "unknown", "normlib"]
+    reason: str
+    binding: Optional[Binding] = None
+
+    @staticmethod
+    def left(reason: str) -> "Verdict":
+        return Verdict("left", reason)
+
+
+def _verdict(module: nn.Module) -> Verdict:
+    """What a swap makes of ``module``: see :class:`Verdict`."""
     cls = type(module)
-    entry, anchor, why = _match(cls)
-    if not isinstance(entry, NormKind):
-        return None, why
+    entry, anchor, status, why = _match(cls)
+    if not isinstance(entry, NormKind) or anchor is None:
+        return Verdict("left" if status == "swap" else status, why)
     missing = {a for a in _reads(cls) if not hasattr(module, a)}
     b = Binding(entry.name, anchor.weight, anchor.bias, anchor.eps)
     if entry.select is not None and not missing - {anchor.weight}:
         selected, why_not = entry.select(module, b)
         if selected is None:
-            return None, why_not
+            return Verdict.left(why_not)
         b = selected
     missing -= {t for t in (anchor.weight, anchor.bias) if t is not None and t not in (b.weight, b.bias)}
     if missing:  # a γ the settings switch off (Gemma-3n's with_scale=False) need not exist
-        return None, f"{why}, but it has no attribute {', '.join(sorted(missing))}; it runs unchanged"
-    return b, why
+        return Verdict.left(f"{why}, but it has no attribute {', '.join(sorted(missing))}; it runs unchanged")
+    return Verdict("swap", why, b)
 
 
 def recognise(module: nn.Module) -> tuple[Optional[NormKind], str]:
@@ -942,5 +973,5 @@ def recognise(module: nn.Module) -> tuple[Optional[NormKind], str]:
     """
     if not isinstance(module, nn.Module):
         raise NormTypeError(f"module must be a torch.nn.Module (got {type(module).__name__})")
-    b, why = _bind(module)
-    return (KINDS[b.kind] if b is not None else None), why
+    v = _verdict(module)
+    return (KINDS[v.binding.kind] if v.binding is not None else None), v.reason

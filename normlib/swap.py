@@ -298,17 +298,15 @@ _SCRIPTED = ("compiled TorchScript (torch.jit.script or torch.jit.trace): normli
              "swap the norms of the eager model, then script or trace it")
 
 
-def _norm_like(module: nn.Module, why: str) -> bool:
+def _listed(module: nn.Module, verdict: interop.Verdict) -> bool:
     """Worth listing as left alone: a reason of its own, or a leaf module whose class is named like a norm.
 
     Containers (StableLM's per-head LayerNorm, an encoder layer named
     ``...StableLayerNorm``) are not norms: the norms inside them are listed
     (or swapped) on their own.
     """
-    if why == "already a normlib module":
-        return False
-    if why != interop._UNKNOWN:
-        return True
+    if verdict.status != "unknown":
+        return verdict.status == "left"
     return next(module.children(), None) is None and "norm" in type(module).__name__.lower()
 
 
@@ -356,23 +354,23 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
             if isinstance(module, _Swapped):
                 report.already[name] += 1
                 continue
-            binding, why = interop._bind(module)
-            if binding is not None:
+            verdict = interop._verdict(module)
+            if verdict.binding is not None:
                 slots, why_not = _instance_forwards(module)
                 if slots is None:
-                    binding, why = None, why_not
-            if binding is not None:
+                    verdict = interop.Verdict.left(why_not)
+            if verdict.binding is not None:
                 try:
-                    _swap(module, binding)
+                    _swap(module, verdict.binding)
                 except Exception as e:  # a class that refuses subclasses, or a layout __class__ cannot be assigned over
-                    binding, why = None, f"normlib cannot give it a swapped class ({e}); it runs unchanged"
-            if binding is not None:
+                    verdict = interop.Verdict.left(f"normlib cannot give it a swapped class ({e}); it runs unchanged")
+            if verdict.binding is not None:
                 report.swapped[name] += 1
                 kinds = set(report.kinds.get(name, "").split(", ")) - {""}
-                report.kinds[name] = ", ".join(sorted(kinds | {binding.kind}))
-            elif _norm_like(module, why):
+                report.kinds[name] = ", ".join(sorted(kinds | {verdict.binding.kind}))
+            elif _listed(module, verdict):
                 left[name] += 1
-                why_left.setdefault(name, Counter())[why] += 1
+                why_left.setdefault(name, Counter())[verdict.reason] += 1
     # one class may be left alone for several reasons (modules of it configured differently): every one is said
     report.left = {n: (c, _reasons(why_left[n])) for n, c in left.items()}
     if warn and report.left:

@@ -501,8 +501,32 @@ def test_the_report_says_every_reason_one_class_was_left_alone(monkeypatch):
 
     model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.LayerNorm(4), torch.nn.LayerNorm(4))
     reasons = iter(["reason A", "reason B", "reason A"])
-    monkeypatch.setattr(interop, "_bind", lambda module: (None, next(reasons))
-                        if isinstance(module, torch.nn.LayerNorm) else (None, ""))
+    monkeypatch.setattr(interop, "_verdict", lambda module: interop.Verdict.left(next(reasons))
+                        if isinstance(module, torch.nn.LayerNorm) else interop.Verdict("unknown", "not a norm"))
     report = nl.swap_norms(model, warn=False)
     (count, why), = [v for k, v in report.left.items() if k.endswith("LayerNorm")]
     assert count == 3 and why == "2 of them: reason A; 1 of them: reason B", why
+
+
+def test_a_verdict_says_what_a_swap_makes_of_a_module():
+    """One object between recognition and the swap (``interop.Verdict``), not reasons compared as strings."""
+    from normlib import interop
+
+    class MyNorm(torch.nn.Module):  # named like a norm, computing none of the kinds
+        def forward(self, x):
+            return x / x.abs().max()
+
+    cases = {
+        torch.nn.LayerNorm(4): ("swap", "layer_norm"),
+        torch.nn.BatchNorm2d(4): ("left", None),
+        nl.LayerNorm(4): ("normlib", None),
+        torch.nn.Linear(4, 4): ("unknown", None),
+        MyNorm(): ("unknown", None),
+    }
+    for module, (status, kind) in cases.items():
+        v = interop._verdict(module)
+        assert (v.status, v.binding.kind if v.binding else None) == (status, kind), type(module)
+        assert v.reason
+    report = nl.swap_norms(torch.nn.Sequential(*cases), warn=False)
+    listed = {k.rsplit(".", 1)[-1] for k in report.left}
+    assert listed == {"BatchNorm2d", "MyNorm"}  # left alone with a reason, or a leaf named like a norm
