@@ -27,7 +27,7 @@ JUPYTERLAB := jupyterlab>=4,<5
 LAB_STAMP := $(VENV)/.lab-installed
 
 .PHONY: help install book check test test-lib test-unit test-doctests test-types test-notebooks test-notebooks-here \
-	test-notebooks-portable test-site test-cuda test-torch-matrix notebooks setup-cells lab clean
+	test-notebooks-portable test-site test-standalone test-cuda test-torch-matrix notebooks setup-cells lab clean
 
 help:
 	@echo "make book       build the book, English and Chinese, into _build/html (sets up $(VENV) first)"
@@ -35,6 +35,7 @@ help:
 	@echo "make check      lint, types and the fast library tests: the edit-test loop (under a minute)"
 	@echo "make test-cuda  on a CUDA machine: the compiled kernels at realistic shapes"
 	@echo "make test-torch-matrix  the library tests on the other torch releases (CI runs it; keeps ~17 GB of venvs)"
+	@echo "make test-standalone  every chapter alone in a fresh venv, from its set-up cell (~10 minutes)"
 	@echo "make notebooks  re-execute the chapters in place, storing fresh outputs"
 	@echo "make lab        open the chapters in JupyterLab with this environment (installs JupyterLab)"
 	@echo "make setup-cells  give every chapter its set-up cell (then: make notebooks)"
@@ -151,6 +152,12 @@ endif
 # NORMLIB_REQUIRE_BROWSER=1, which turns a missing browser into a failure.
 test-site: book
 	$(TIMED) NORMLIB_SITE_DIR=_build/html $(BIN)/python -m pytest tests/test_site.py -rs -p no:cacheprovider
+
+# Every notebook as a reader who downloaded it runs it: alone, in a fresh venv (torch and a
+# Jupyter kernel only), from its set-up cell, which installs the rest (book/_tools/standalone.py).
+# make test runs two of them (tests/test_standalone.py); this runs all, about ten minutes.
+test-standalone: $(STAMP)
+	$(BIN)/python book/_tools/standalone.py
 
 # The compiled kernels on a GPU (skipped without one); not part of CI, which has none.
 test-cuda: $(STAMP)

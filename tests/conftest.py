@@ -34,7 +34,7 @@ SLOW_MODULES = {
     "test_compile_gradients", "test_ops_interpreter", "test_distributed", "test_kernels_compile",
     "test_compile_export", "test_swap", "test_swap_scan", "test_swap_families", "test_cpu_benchmark",
     "test_custom_ops", "test_benchmark", "test_book", "test_site", "test_zh_edition", "test_ops_cuda",
-    "test_tune", "test_model_benchmark", "test_fused_api", "test_project", "test_layouts",
+    "test_tune", "test_model_benchmark", "test_fused_api", "test_project", "test_layouts", "test_standalone",
 }
 
 

@@ -39,6 +39,17 @@ def test_every_translation_is_current():
     )
 
 
+@pytest.mark.parametrize("src", _notebooks(), ids=lambda p: p.name)
+def test_a_chinese_chapter_downloaded_alone_runs_the_english_code(src):
+    """The Chinese notebook's code cells are the English ones, the set-up cell first: what
+    ``book/_tools/standalone.py`` runs for the English chapter is what a reader of the Chinese one runs."""
+    english = nbformat.read(src, as_version=4)
+    chinese, _ = zh.zh_notebook(src)
+    code = [(c.cell_type, c.source) for c in english.cells if c.cell_type == "code"]
+    assert [(c.cell_type, c.source) for c in chinese.cells if c.cell_type == "code"] == code
+    assert "normlib-setup" in chinese.cells[0].metadata.get("tags", [])
+
+
 def test_translation_files_name_their_source_and_only_its_cells():
     for path in sorted((ROOT / "book" / "zh").glob("*.json")):
         if path == zh.FIGURES:

@@ -281,6 +281,28 @@ def _config() -> dict:
     return cfg
 
 
+def zh_notebook(src: Path, figures: dict[str, str] | None = None):
+    """``(the Chinese notebook of src, the cells shown in English)``: the markdown translated, the code cells and
+    their outputs the English ones (the figures' labels translated), so that the Chinese download runs the same
+    code from the same set-up cell."""
+    figures = _figure_table() if figures is None else figures
+    nb = nbformat.read(src, as_version=4)
+    out, fallback = copy.deepcopy(nb), []
+    cells = _translation(src).get("cells", {})
+    for cell in _markdown_cells(out):
+        entry = cells.get(cell.id)
+        if entry is not None and entry.get("en_sha256") == sha256(cell.source):
+            cell.source = entry["zh"]
+        else:
+            fallback.append(f"{src.name} cell {cell.id}")
+    for cell in out.cells:
+        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if SVG in o.get("data", {}):
+                o["data"][SVG] = translate_svg(o["data"][SVG], figures)
+    out.metadata["language_info"] = nb.metadata.get("language_info", {})
+    return out, fallback
+
+
 def build(run_sphinx: bool = True) -> int:
     if SRC.exists():
         shutil.rmtree(SRC)
@@ -299,20 +321,8 @@ def build(run_sphinx: bool = True) -> int:
                 fallback.append(f"{src.name} (whole page)")
             dest.write_text(text, encoding="utf-8")
             continue
-        nb = nbformat.read(src, as_version=4)
-        out = copy.deepcopy(nb)
-        cells = tr.get("cells", {})
-        for cell in _markdown_cells(out):
-            entry = cells.get(cell.id)
-            if entry is not None and entry.get("en_sha256") == sha256(cell.source):
-                cell.source = entry["zh"]
-            else:
-                fallback.append(f"{src.name} cell {cell.id}")
-        for cell in out.cells:
-            for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
-                if SVG in o.get("data", {}):
-                    o["data"][SVG] = translate_svg(o["data"][SVG], figures)
-        out.metadata["language_info"] = nb.metadata.get("language_info", {})
+        out, stale = zh_notebook(src, figures)
+        fallback += stale
         nbformat.write(out, dest)
     # what the build reads besides the pages
     shutil.copy(BOOK / "references.bib", SRC / "book" / "references.bib")
