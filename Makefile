@@ -35,7 +35,7 @@ help:
 	@echo "make check      lint, types and the fast library tests: the edit-test loop (under a minute)"
 	@echo "make test-cuda  on a CUDA machine: the compiled kernels at realistic shapes"
 	@echo "make test-torch-matrix  the library tests on the other torch releases (CI runs it; keeps ~17 GB of venvs)"
-	@echo "make test-standalone  every chapter alone in a fresh venv, from its set-up cell (~10 minutes)"
+	@echo "make test-standalone  every chapter alone in a fresh venv, from its set-up cell (~8 minutes)"
 	@echo "make notebooks  re-execute the chapters in place, storing fresh outputs"
 	@echo "make lab        open the chapters in JupyterLab with this environment (installs JupyterLab)"
 	@echo "make setup-cells  give every chapter its set-up cell (then: make notebooks)"
@@ -155,7 +155,7 @@ test-site: book
 
 # Every notebook as a reader who downloaded it runs it: alone, in a fresh venv (torch and a
 # Jupyter kernel only), from its set-up cell, which installs the rest (book/_tools/standalone.py).
-# make test runs two of them (tests/test_standalone.py); this runs all, about ten minutes.
+# make test runs two of them (tests/test_standalone.py); this runs all, about eight minutes.
 test-standalone: $(STAMP)
 	$(BIN)/python book/_tools/standalone.py
 

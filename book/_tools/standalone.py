@@ -5,8 +5,9 @@
     python book/_tools/standalone.py --keep /tmp/standalone   # keep the venv and the runs there
 
 The environment is what a reader starts from: a new virtual environment with
-torch (this environment's release) and a Jupyter kernel (``nbclient``,
-``ipykernel``), nothing else: no normlib, no matplotlib, no transformers.
+torch (this environment's, linked in with the distributions it requires) and
+a Jupyter kernel (``nbclient``, ``ipykernel``), nothing else: no normlib, no
+matplotlib, no transformers.
 The book's repository is this working tree, copied into a git repository of
 its own (tracked and untracked files, not ignored ones), standing in for
 NORMLIB_REPOSITORY_URL. Each notebook is copied alone into an empty folder,
@@ -92,15 +93,50 @@ def repository(where: Path) -> str:
     return where.resolve().as_uri()
 
 
+def _torch_only(site: Path) -> None:
+    """``site``: links to this environment's torch and the distributions it requires, nothing else."""
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), ["torch"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        dist = metadata.distribution(name)
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
+            target = Path(dist.locate_file(top))
+            if target.exists() and not (site / top).exists():
+                (site / top).symlink_to(target)
+        for req in map(Requirement, dist.requires or []):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+
+
 def fresh_venv(where: Path, env: dict) -> Path:
-    """A virtual environment with torch and a Jupyter kernel only; its python."""
+    """A virtual environment with torch and a Jupyter kernel only; its python.
+
+    torch is this environment's, linked in (with the distributions it
+    requires) through a ``.pth`` file rather than installed again: the same
+    release a reader's torch would be, without a gigabyte of disk per run.
+    """
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
     python = where / "bin" / "python"
-    torch = metadata.version("torch").split("+")[0]
-    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"torch=={torch}", "nbclient", "nbformat",
-                           "ipykernel"], env=env, capture_output=True, text=True)
+    site = where / "torch-site"
+    site.mkdir()
+    _torch_only(site)
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "torch-only.pth").write_text(str(site.resolve()) + "\n")
+    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "nbclient", "nbformat", "ipykernel"],
+                          env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"could not set up the fresh venv:\n{done.stderr[-3000:]}")
+    found = subprocess.run([str(python), "-c", "import torch, importlib.util as u; "
+                            "print(torch.__version__, u.find_spec('matplotlib') is None)"],
+                           capture_output=True, text=True, env=env)
+    if found.stdout.split() != [metadata.version("torch"), "True"]:
+        raise SystemExit(f"the fresh venv is not torch alone: {found.stdout}{found.stderr[-2000:]}")
     return python
 
 
