@@ -358,8 +358,7 @@ def _select_one_dim(m, b):
     return (None, why) if why else (b, "")
 
 
-_STATS_IN_INPUT_DTYPE = ("statistics in the input's own dtype; the kernels accumulate in float32 and cannot round "
-                         "so; it runs unchanged")
+_STATS_IN_INPUT_DTYPE = "statistics in the input's own dtype; the kernels accumulate in float32 and cannot round so"
 
 
 def _select_float32_rms_norm(m, b):
@@ -369,7 +368,7 @@ def _select_float32_rms_norm(m, b):
         return Binding(b.kind, None, None, b.eps), ""
     # diffusers' StableAudio3RMSNorm(force_fp32=False) computes in the input's dtype
     if "force_fp32" in reads and not getattr(m, "force_fp32", True):
-        return None, "force_fp32=False: " + _STATS_IN_INPUT_DTYPE
+        return None, f"force_fp32=False: {_STATS_IN_INPUT_DTYPE}; it runs unchanged"
     return b, ""
 
 
@@ -849,6 +848,11 @@ def _libraries() -> tuple:
     return tuple(_library_loaded(a.module) for table in (KINDS, UNFUSED) for e in table.values() for a in e.anchors)
 
 
+# what recognition makes of a class or module: a kind to swap to, a norm left alone with its reason, none of
+# the norms normlib knows, or a normlib module already
+_Status = Literal["swap", "left", "unknown", "normlib"]
+
+
 class _Match(NamedTuple):
     """What a class's forward computes: a kind (``entry`` a NormKind), a norm left alone (an Unfused entry, or a
     torch norm's subclass with a forward of its own: ``status`` "left"), none of them ("unknown"), or a normlib
@@ -856,7 +860,7 @@ class _Match(NamedTuple):
 
     entry: Union[NormKind, Unfused, None]
     anchor: Optional[Anchor]
-    status: Literal["swap", "left", "unknown", "normlib"]
+    status: _Status
     why: str
 
 
@@ -936,7 +940,7 @@ class Verdict:
     looks like a norm) or ``"normlib"`` (a normlib module already).
     """
 
-    status: Literal["swap", "left", "unknown", "normlib"]
+    status: _Status
     reason: str
     binding: Optional[Binding] = None
 
@@ -949,8 +953,9 @@ def _verdict(module: nn.Module) -> Verdict:
     """What a swap makes of ``module``: see :class:`Verdict`."""
     cls = type(module)
     entry, anchor, status, why = _match(cls)
-    if not isinstance(entry, NormKind) or anchor is None:
-        return Verdict("left" if status == "swap" else status, why)
+    if status != "swap":
+        return Verdict(status, why)
+    assert isinstance(entry, NormKind) and anchor is not None  # what _match returns with "swap"
     missing = {a for a in _reads(cls) if not hasattr(module, a)}
     b = Binding(entry.name, anchor.weight, anchor.bias, anchor.eps)
     if entry.select is not None and not missing - {anchor.weight}:

@@ -34,9 +34,9 @@ import textwrap
 
 from torch import nn
 
-TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, nn.LocalResponseNorm)
+from normlib.interop import _STATS_IN_INPUT_DTYPE
 
-_STATS_IN_INPUT_DTYPE = "statistics in the input's own dtype; the kernels accumulate in float32 and cannot round so"
+TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, nn.LocalResponseNorm)
 
 TRANSFORMERS_LEFT_ALONE = {
     # statistics in the input's own dtype (no up-cast): the kernels cannot reproduce that rounding

@@ -139,25 +139,24 @@ def _code(nb) -> str:
     return "\n".join(lines)
 
 
-def _imports(nb) -> set[str]:
-    """The top-level packages a notebook's code imports."""
-    names = set()
+def _read(nb) -> tuple[set[str], list[str]]:
+    """What a notebook's code names, in one parse: the top-level packages it imports, and the files of
+    book/data/ that its string constants name."""
+    names, data = set(), set()
     for node in ast.walk(ast.parse(_code(nb))):
         if isinstance(node, ast.Import):
             names |= {a.name.partition(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.partition(".")[0])
-    return names
-
-
-def needs(nb) -> tuple[dict[str, str], list[str]]:
-    """What a notebook's code needs: ``({import name: pip requirement}, [files of book/data/])``."""
-    names, data = _imports(nb), set()
-    for node in ast.walk(ast.parse(_code(nb))):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value:
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value:
             name = node.value.removeprefix("data/")
             if "/" not in name and (DATA / name).is_file():
                 data.add(name)
+    return names, sorted(data)
+
+
+def _packages(names: set[str]) -> dict[str, str]:
+    """``{import name: pip requirement}`` for the imported ``names`` a set-up cell must install."""
     floors = _floors()
     packages = {}
     for name in sorted(names - PROVIDED - set(sys.stdlib_module_names)):
@@ -166,17 +165,22 @@ def needs(nb) -> tuple[dict[str, str], list[str]]:
             raise SystemExit(f"a notebook imports {name!r}, which pyproject.toml's book and triton extras do not "
                              "list: add it there (the set-up cell installs what they list)")
         packages[name] = floors[dist.lower()]
-    return packages, sorted(data)
+    return packages
+
+
+def needs(nb) -> tuple[dict[str, str], list[str]]:
+    """What a notebook's code needs: ``({import name: pip requirement}, [files of book/data/])``."""
+    names, data = _read(nb)
+    return _packages(names), data
 
 
 def setup_cell_source(repository_url: str | None = None, nb=None) -> str:
-    """The set-up cell's source for ``nb`` (its needs; none if ``None``) and ``repository_url`` (default: the
-    configured one)."""
+    """The set-up cell's source for ``nb`` (its needs; normlib alone if ``None``) and ``repository_url``
+    (default: the configured one)."""
     url = _repository_url() if repository_url is None else repository_url.strip().rstrip("/")
-    packages, data = needs(nb) if nb is not None else ({}, [])
-    normlib = nb is None or "normlib" in _imports(nb)
-    body = _NEEDS.format(packages=pprint.pformat(packages, width=100), data=pprint.pformat(data, width=100),
-                         need_normlib='importlib.util.find_spec("normlib") is None' if normlib else "False")
+    names, data = _read(nb) if nb is not None else ({"normlib"}, [])
+    body = _NEEDS.format(packages=pprint.pformat(_packages(names), width=100), data=pprint.pformat(data, width=100),
+                         need_normlib='importlib.util.find_spec("normlib") is None' if "normlib" in names else "False")
     return HEADER + body + (_INSTALL.format(url=url) if url else _EXPLAIN)
 
 
