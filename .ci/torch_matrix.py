@@ -57,7 +57,9 @@ def _floor() -> str:
 # 2.4 for the older Tritons (3.6, which torch 2.11 brings, fails in its
 # interpreter on numpy 2.4's scalars).
 RELEASES = {
-    _floor(): ["numpy<2.4"],
+    # and timm with its torchvision (the floor's partner release), which cannot load against the pin
+    # (../shared/TOOLCHAIN.md): swap_norms is tested on timm itself here (tests/test_swap_timm.py, the scan)
+    _floor(): ["numpy<2.4", "torchvision==0.23.0", "timm==1.0.31"],
     "2.11.0": ["numpy<2.4"],
     "2.15.0": ["numpy"],
 }
@@ -82,6 +84,7 @@ CORE = [
     "tests/test_modules.py", "tests/test_parity.py", "tests/test_backward.py", "tests/test_numerics.py",
     "tests/test_errors.py", "tests/test_attention.py", "tests/test_transforms.py", "tests/test_custom_ops.py",
     "tests/test_swap_api.py", "tests/test_testing.py", "tests/test_layouts.py", "tests/test_inference_inputs.py",
+    "tests/test_swap_scan.py", "tests/test_swap_timm.py",  # timm's norms: where timm is installed
 ]
 GROUPS = {
     "compile": re.compile(r"compile|inductor|dynamo", re.I),

@@ -24,6 +24,8 @@ kind                            rounding order
                                 ``SDCascadeLayerNorm``): the channel
                                 dimension is moved last, normalized in ``layer_norm``'s order,
                                 and moved back, so the output is a permuted view, as theirs.
+                                (Each kind's ``layout`` says where it normalizes; the other
+                                ``channels_first_*`` kinds below are timm's 2d variants.)
 ``rms_norm``                    ``torch.nn.RMSNorm``: like ``layer_norm``, without mean and β.
 ``llama_rms_norm``              Llama, Mistral, Qwen2/3, Mamba and the other classes whose forward
                                 is Llama's, Llama-4's text RMSNorm, CPM-Ant's: ``x̂`` in float32 is
@@ -39,15 +41,26 @@ kind                            rounding order
 ``float32_rms_norm``            OLMo-2/OLMo-3, gpt-oss, Helium, Moshi, Gemma-3n and the RMSNorms
                                 without γ (NanoChat, Llama-4's L2 norm, ...), diffusers'
                                 ``MochiRMSNorm``, ``Cosmos3NemotronRMSNorm`` and
-                                ``StableAudio3RMSNorm``: ``x̂ ⊙ γ`` in float32 (γ up-cast), one
-                                cast to the input's dtype at the end.
+                                ``StableAudio3RMSNorm``, timm's ``RmsNormFp32``: ``x̂ ⊙ γ`` in
+                                float32 (γ up-cast), one cast to the input's dtype at the end.
+                                ``channels_first_float32_rms_norm`` (timm's ``RmsNorm2dFp32``):
+                                the same over the channels of ``(N, C, H, W)``, the output in the
+                                input's memory format, as an elementwise forward returns it.
+``input_dtype_rms_norm``        timm's ``RmsNorm`` (fast-norm mode off): torch's ops in the input's
+                                dtype, which for float32 input outside autocast is
+                                ``float32_rms_norm``'s order; on 16-bit input (statistics in 16
+                                bits) or under autocast it runs unchanged.
+                                ``channels_first_input_dtype_rms_norm``: timm's ``RmsNorm2d``,
+                                the same over the channels, output in the input's memory format.
 ``float32_layer_norm``          Cohere's LayerNorm (γ, no β) and OLMo's (neither): statistics
                                 and ``x̂ ⊙ γ`` in float32, one cast to the input's dtype at the
                                 end, with or without autocast.
-``upcast_layer_norm``           diffusers' ``FP32LayerNorm``: x, γ and β up-cast to float32 for
-                                ``F.layer_norm``, one cast to the input's dtype at the end; where
-                                autocast would run ``F.layer_norm`` in a 16-bit dtype (a policy
-                                asked of torch) it runs unchanged.
+``upcast_layer_norm``           diffusers' ``FP32LayerNorm``, timm's ``LayerNormFp32``: x, γ and β
+                                up-cast to float32 for ``F.layer_norm``, one cast to the input's
+                                dtype at the end; where autocast would run ``F.layer_norm`` in a
+                                16-bit dtype (a policy asked of torch) it runs unchanged.
+                                ``channels_first_upcast_layer_norm``: timm's ``LayerNorm2dFp32``,
+                                the same over the channels, moved back as a view.
 ``layer_norm_1p``               Nemotron's ``LayerNorm1P``: ``1 + γ`` computed (and rounded) in
                                 γ's dtype, then ``layer_norm``'s order; under autocast the input,
                                 ``1 + γ`` and β are first cast to the autocast dtype, and the norm
@@ -74,12 +87,13 @@ recognised where the anchor's library is not installed: then there is nothing
 to compare it with.)
 
 Some norms are recognised and deliberately left alone (``UNFUSED``), each
-with the reason the report gives: gated RMSNorms, frozen batch norms, and
-torch's BatchNorm/GroupNorm/InstanceNorm/LocalResponseNorm. Anything else is
+with the reason the report gives: gated RMSNorms, timm's ``SimpleNorm``
+(x / std(x), no mean subtracted), frozen batch norms, and torch's
+BatchNorm/GroupNorm/InstanceNorm/LocalResponseNorm. Anything else is
 left alone and reported too, e.g. VitDet's LayerNorm, whose statistics are
 computed in the input's own dtype (the kernels accumulate in float32 and cannot
 round like it). The tests ``tests/test_swap_scan.py`` classify every norm
-class of the installed ``transformers`` and ``diffusers``.
+class of the installed ``transformers``, ``diffusers`` and ``timm``.
 
 On tensors the kernels do not cover (CPU, other dtypes, wide rows, a weight
 on another device), a swapped module runs its class's own ``forward``: the
@@ -154,6 +168,26 @@ class NormKind:
     fused: Callable[..., Optional[Tensor]]
     # a recognised module's binding from its settings: (binding, "") or (None, why not)
     select: Optional[Callable[[nn.Module, Binding], tuple[Optional[Binding], str]]] = None
+    # where the normalized values lie: "rows" (the last dimension); "channels_first" (dimension 1 of
+    # (N, C, H, W), moved last and the result moved back: a permuted view, as the classes' own forwards
+    # return); "channels_first_dense" (the same, with the output in the input's memory format, as an
+    # elementwise forward over (N, C, H, W) returns it)
+    layout: Literal["rows", "channels_first", "channels_first_dense"] = "rows"
+
+    def rows(self, x: Tensor) -> Optional[Tensor]:
+        """``x`` as the kernels read it in this layout (a view), or ``None`` where the layout does not fit ``x``."""
+        if self.layout == "rows":
+            return x
+        return x.permute(0, 2, 3, 1) if x.dim() == 4 else None
+
+    def run(self, how: str, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps, module: nn.Module):
+        """This kind's fused forward of ``module(x)`` in its layout, or ``None`` where its kernels cannot take it."""
+        rows = self.rows(x)
+        y = None if rows is None else self.fused(how, rows, weight, bias, eps, module)
+        if y is None or self.layout == "rows":
+            return y
+        y = y.permute(0, 3, 1, 2)  # (N, C, H, W) again, a view
+        return y if self.layout == "channels_first" else torch.empty_like(x, dtype=y.dtype).copy_(y)
 
 
 @dataclass(frozen=True)
@@ -188,14 +222,17 @@ def fused(b: Binding, module: nn.Module, x) -> Optional[Tensor]:
         if t is not None and (not isinstance(t, Tensor) or t.device != x.device or t.dtype not in _KERNEL_DTYPES):
             return None
         params.append(t)
-    rows = x.movedim(1, -1) if b.kind == "channels_first_layer_norm" and x.dim() == 4 else x  # what the kernels see
+    kind = KINDS[b.kind]
+    rows = kind.rows(x)  # what the kernels see
+    if rows is None:
+        return None
     # γ/β are not handed to the plan: each kind reads them in its own way (1 + γ, a scalar γ, ...) and
     # its fused forward below checks them; the plan is told only whether a gradient is wanted
     how = plan("layer_norm", rows, grad=wants_grad(x, None, params[0], params[1]))
     if PATH_OF[how] != FUSED:
         return None
     eps = getattr(module, b.eps) if isinstance(b.eps, str) else b.eps
-    return KINDS[b.kind].fused(how, x, params[0], params[1], eps, module)
+    return kind.run(how, x, params[0], params[1], eps, module)
 
 
 # ---- each kind's fused forward (only called where fused() said the kernels apply) -------------------------
@@ -247,13 +284,6 @@ def _layer_norm(how, x, w, b, eps, m):
     return ops.dispatch.fused(x, None, w, b, eps, rms=False, how=how)[0]
 
 
-def _channels_first_layer_norm(how, x, w, b, eps, m):
-    if x.dim() != 4:
-        return None
-    y = _layer_norm(how, x.permute(0, 2, 3, 1), w, b, eps, m)  # (N, H, W, C)
-    return None if y is None else y.permute(0, 3, 1, 2)  # (N, C, H, W), a view as in the original
-
-
 def _rms_norm(how, x, w, b, eps, m):
     if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w):
         return None
@@ -282,11 +312,28 @@ def _t5_layer_norm(how, x, w, b, eps, m):
 
 
 def _float32_rms_norm(how, x, w, b, eps, m):
+    if not _over_its_shape(x, m):
+        return None
     if w is not None and w.dim() == 0:  # Gemma-3n's with_scale=False in transformers 4.x: a scalar γ of 1
         w = w.expand(x.shape[-1:]).contiguous()
     if not _fits(x, w):
         return None
     return ops.dispatch.fused(x, None, w, None, eps, rms=True, how=how)[0]
+
+
+def _input_dtype_rms_norm(how, x, w, b, eps, m):
+    # timm's RmsNorm: x², its mean, x·rsqrt(·) and ·γ are torch's ops in the input's dtype: float32 for float32
+    # input, which is float32_rms_norm's order (γ of another dtype promotes to float32: up-cast); under autocast
+    # those ops run in float32 and return float32 for 16-bit input, and in 16-bit input's own dtype otherwise
+    if x.dtype != torch.float32 or torch.is_autocast_enabled(x.device.type):
+        return None
+    return _float32_rms_norm(how, x, w, b, eps, m)
+
+
+def _over_its_shape(x: Tensor, m: nn.Module) -> bool:
+    """``x`` ends in the module's ``normalized_shape``, where it has one."""
+    shape = getattr(m, "normalized_shape", None)
+    return shape is None or (len(shape) > 0 and x.shape[-len(shape):] == tuple(shape))
 
 
 def _float32_layer_norm(how, x, w, b, eps, m):
@@ -353,6 +400,13 @@ def _select_channels_first(m, b):
     return (None, why) if why else (b, "")
 
 
+def _select_timm(m, b):
+    if getattr(m, "_fast_norm", False):
+        return None, _FAST_NORM
+    why = _over_one_dim(m)
+    return (None, why) if why else (b, "")
+
+
 def _select_one_dim(m, b):
     why = _over_one_dim(m)
     return (None, why) if why else (b, "")
@@ -362,6 +416,10 @@ _STATS_IN_INPUT_DTYPE = "statistics in the input's own dtype; the kernels accumu
 
 
 def _select_float32_rms_norm(m, b):
+    if isinstance(getattr(m, "normalized_shape", None), tuple):  # timm's RmsNormFp32 may normalize over several
+        why = _over_one_dim(m)
+        if why:
+            return None, why
     reads = _reads(type(m))
     # Gemma-3n's RMSNorm(with_scale=False) has no γ: its forward reads `with_scale` first
     if "with_scale" in reads and not getattr(m, "with_scale", True):
@@ -417,8 +475,9 @@ KINDS: dict[str, NormKind] = {
                 Anchor("transformers.models.eomt.modeling_eomt", "EomtLayerNorm2d", "weight", "bias", "eps"),
                 Anchor("diffusers.models.unets.unet_stable_cascade", "SDCascadeLayerNorm", "weight", "bias", "eps"),
             ),
-            _channels_first_layer_norm,
+            _layer_norm,
             _select_channels_first,
+            layout="channels_first",
         ),
         NormKind(
             "rms_norm",
@@ -470,9 +529,34 @@ KINDS: dict[str, NormKind] = {
                 Anchor("diffusers.models.transformers.transformer_cosmos3", "Cosmos3NemotronRMSNorm", eps="eps"),
                 Anchor("diffusers.models.transformers.transformer_stable_audio3", "StableAudio3RMSNorm", "gamma",
                        eps="eps"),
+                Anchor("timm.layers.norm", "RmsNormFp32", eps="eps"),
             ),
             _float32_rms_norm,
             _select_float32_rms_norm,
+        ),
+        NormKind(
+            "channels_first_float32_rms_norm",
+            "float32_rms_norm's order over the channels of (N, C, H, W), the output in the input's memory format",
+            (Anchor("timm.layers.norm", "RmsNorm2dFp32", eps="eps"),),
+            _float32_rms_norm,
+            _select_timm,
+            layout="channels_first_dense",
+        ),
+        NormKind(
+            "input_dtype_rms_norm",
+            "torch's ops in the input's dtype: for float32 input (outside autocast) float32_rms_norm's order; "
+            "16-bit input runs unchanged",
+            (Anchor("timm.layers.norm", "RmsNorm", eps="eps"),),
+            _input_dtype_rms_norm,
+            _select_timm,
+        ),
+        NormKind(
+            "channels_first_input_dtype_rms_norm",
+            "input_dtype_rms_norm's order over the channels of (N, C, H, W), the output in the input's memory format",
+            (Anchor("timm.layers.norm", "RmsNorm2d", eps="eps"),),
+            _input_dtype_rms_norm,
+            _select_timm,
+            layout="channels_first_dense",
         ),
         NormKind(
             "float32_layer_norm",
@@ -488,9 +572,20 @@ KINDS: dict[str, NormKind] = {
             "upcast_layer_norm",
             "x, γ and β up-cast to float32 for F.layer_norm, one cast to the input's dtype at the end (where "
             "autocast would run F.layer_norm in a 16-bit dtype, it runs unchanged)",
-            (Anchor("diffusers.models.normalization", "FP32LayerNorm", "weight", "bias", "eps"),),
+            (
+                Anchor("diffusers.models.normalization", "FP32LayerNorm", "weight", "bias", "eps"),
+                Anchor("timm.layers.norm", "LayerNormFp32", "weight", "bias", "eps"),
+            ),
             _upcast_layer_norm,
             _select_upcast_layer_norm,
+        ),
+        NormKind(
+            "channels_first_upcast_layer_norm",
+            "upcast_layer_norm's order over the channels of (N, C, H, W), moved back as a view",
+            (Anchor("timm.layers.norm", "LayerNorm2dFp32", "weight", "bias", "eps"),),
+            _upcast_layer_norm,
+            _select_upcast_layer_norm,
+            layout="channels_first",
         ),
         NormKind(
             "layer_norm_1p",
@@ -526,6 +621,13 @@ UNFUSED: dict[str, Unfused] = {
                     ("falcon_h1", "FalconH1RMSNormGated"),
                 )
             ),
+        ),
+        Unfused(
+            "simple_norm",
+            "x·rsqrt(var(x) + ε) with Bessel's correction and no mean subtracted (timm's SimpleNorm); normlib's "
+            "kernels compute LayerNorm or RMSNorm, not this, so it runs unchanged",
+            tuple(Anchor("timm.layers.norm", name, eps="eps")
+                  for name in ("SimpleNorm", "SimpleNormFp32", "SimpleNorm2d", "SimpleNorm2dFp32")),
         ),
         Unfused(
             "frozen_batch_norm",

@@ -4,7 +4,8 @@
 transformers ``transformers.models.*.modeling_*``, for diffusers every module
 under ``diffusers.models``) and returns its norm classes, keyed
 ``"<module path below the models package>.<class name>"`` (transformers:
-``"<model directory>.<class name>"``). A *norm class* is a module class defined
+``"<model directory>.<class name>"``; timm: every module of ``timm.layers``,
+``"<module>.<class name>"``). A *norm class* is a module class defined
 there that subclasses one of torch's norms, or whose name contains "norm" and
 whose forward is a leaf computation: it calls no submodule
 (``self.<attribute>(...)`` of an attribute that is not a method, or a local
@@ -96,7 +97,21 @@ DIFFUSERS_LEFT_ALONE = {
     "normalization.LpNorm": "an Lp normalization (F.normalize), without mean or ε inside a square root",
 }
 
-LEFT_ALONE = {"transformers": TRANSFORMERS_LEFT_ALONE, "diffusers": DIFFUSERS_LEFT_ALONE}
+_EVO = "EvoNorm: a norm and an activation in one (x·σ(v·x) over group or batch statistics), which no kind computes"
+_WITH_ACT = "a norm followed by dropout and an activation in one forward (the kernels compute the norm alone)"
+TIMM_LEFT_ALONE = {
+    **{f"evo_norm.EvoNorm2d{v}": _EVO for v in ("B0", "B1", "B2", "S0", "S0a")},
+    "filter_response_norm.FilterResponseNormTlu2d": "filter response normalization: x·rsqrt(mean(x²) over H, W "
+    "+ ε) per channel, then a learned threshold (TLU), not over the last dimension",
+    "grn.GlobalResponseNorm": "global response normalization (ConvNeXt-V2): spatial L2 norms divided by their "
+    "channel mean",
+    "norm.LayerNormExp2d": "channels-first LayerNorm that, for input not contiguous, computes by hand with "
+    "var_mean over dim 1 (another rounding than F.layer_norm's)",
+    **{f"norm_act.{name}": _WITH_ACT for name in ("LayerNormAct", "LayerNormAct2d", "LayerNormAct2dFp32",
+                                                    "LayerNormActFp32")},
+}
+
+LEFT_ALONE = {"transformers": TRANSFORMERS_LEFT_ALONE, "diffusers": DIFFUSERS_LEFT_ALONE, "timm": TIMM_LEFT_ALONE}
 
 
 def left_alone(key: str, major: int, library: str = "transformers"):
@@ -107,6 +122,12 @@ def left_alone(key: str, major: int, library: str = "transformers"):
 
 def _module_names(library: str):
     """``(key prefix, module name)`` for every modeling module of ``library``."""
+    if library == "timm":  # its layers: the models build their norms from these
+        import timm.layers as layers
+
+        for info in pkgutil.iter_modules(layers.__path__):
+            yield info.name, f"timm.layers.{info.name}"
+        return
     if library == "diffusers":
         import diffusers.models as models
 

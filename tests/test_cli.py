@@ -24,6 +24,7 @@ TOOLS = {
     "normlib.benchmark --device cpu": "normlib.benchmark.cpu",
     "normlib.benchmark.crossover": "normlib.benchmark.crossover",
     "normlib.benchmark.host": "normlib.benchmark.host",
+    "normlib.benchmark.swap_cpu": "normlib.benchmark.swap_cpu",
     "normlib.benchmark.resources": "normlib.benchmark.resources",
     "normlib.benchmark.tune": "normlib.benchmark.tune",
     "normlib.benchmark.model": "normlib.benchmark.model",
@@ -69,6 +70,11 @@ BAD = {
         (["--out", os.path.join(MISSING_DIR, "h.json")], "--out", "does not exist"),
         (["--rounds", "-3"], "--rounds", "from 1 to 1000"),
         (["--threads", "0"], "--threads", "from 1 to 1024"),
+    ],
+    "normlib.benchmark.swap_cpu": [
+        (["--out", "a_folder.json"], "--out", "folder"),
+        (["--rounds", "0"], "--rounds", "from 1 to 1000"),
+        (["--budget", "0"], "--budget", "> 0"),
     ],
     "normlib.benchmark.resources": [
         (["--arch", "0"], "--arch", "choose from"),

@@ -94,3 +94,21 @@ def test_command_line(tmp_path):
     assert [c["case"] for c in data["cases"]] == ["RMSNorm(768)", "BatchNorm2d(64) eval"]
     assert data["cases"][0]["shape"] == [1, 128, 768]
     assert fig.read_text().lstrip().startswith("<?xml")
+
+
+def test_swap_cpu_record_and_its_bitwise_flags(tmp_path):
+    """The swap instrument: a swapped module is the module's numbers bit for bit; normlib's reference path is not."""
+    from normlib.benchmark import swap_cpu
+
+    data = swap_cpu.measure(rounds=1, budget=0.001, shapes=[(2, 16)])
+    assert set(data["cases"]) == {f"{n} {d} (2, 16)" for n in ("RMSNorm", "LayerNorm") for d in swap_cpu.DTYPES}
+    for name, case in data["cases"].items():
+        assert case["module_us"] > 0
+        assert case["candidates"]["swapped"]["bitwise"], name
+        for c in case["candidates"].values():
+            lo, hi = c["ratio_range"]
+            assert 0 < lo <= c["ratio"] <= hi
+    # bfloat16 LayerNorm takes normlib's reference (float32 accumulation of γ's gradient): not torch's numbers
+    assert not data["cases"]["LayerNorm bfloat16 (2, 16)"]["candidates"]["normlib"]["bitwise"]
+    if nl.ops.native.HAS_RMS_NORM:
+        assert data["cases"]["RMSNorm float32 (2, 16)"]["candidates"]["torch fused op"]["bitwise"]

@@ -92,6 +92,9 @@ def _fake_index(folder: Path, releases) -> Path:
     for name, version in (("numpy", "2.3.0"), ("pytest", "8.0.0"), ("pytest_xdist", "3.5.0"),
                           ("hypothesis", "6.100.0")):
         _fake_wheel(folder, name, version)
+    pinned = {r for extras in releases.values() for r in extras if "==" in r}  # e.g. the floor's timm
+    for name, version in sorted(r.split("==") for r in pinned):
+        _fake_wheel(folder, name, version)
     return folder
 
 

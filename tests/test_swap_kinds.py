@@ -1,7 +1,9 @@
 """Each kind's rounding order, against the original class's own forward.
 
 For every kind of ``normlib.interop.KINDS`` and the classes that define it
-(``torch.nn``, transformers and diffusers, built directly, random γ/β):
+(``torch.nn``, transformers, diffusers and timm, built directly, random γ/β;
+each library's cases skip where it is not installed; timm's run on its own
+classes where timm imports, on ``tests/_timm_norm_copy.py`` elsewhere):
 
 * on the CPU reference path (a swapped module runs its class's forward where the
   kernels do not apply) outputs and gradients are bitwise equal to the
@@ -16,6 +18,7 @@ Shapes are tiny (the interpreter runs one program at a time).
 
 import copy
 import importlib
+import sys
 
 import pytest
 import torch
@@ -27,12 +30,11 @@ from normlib import interop
 from _helpers import assert_no_worse
 from normlib.testing.tolerance import tolerance
 
-transformers = pytest.importorskip("transformers")
-
 N = 24  # features: not a power of two
 
 
 def _tf(module: str, name: str):
+    pytest.importorskip("transformers")
     mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     return getattr(mod, name)
 
@@ -42,7 +44,32 @@ def _df(module: str, name: str):
     return getattr(importlib.import_module(f"diffusers.models.{module}"), name)
 
 
+def _real_timm():
+    try:
+        return importlib.import_module("timm.layers.norm")
+    except Exception:  # not installed, or timm's torchvision does not load against this torch
+        return None
+
+
+TIMM = _real_timm()
+
+
+@pytest.fixture(autouse=True)
+def timm_norm(monkeypatch):
+    """timm's norm module: timm's own where it imports, else tests/_timm_norm_copy.py installed as it."""
+    if TIMM is not None:
+        return TIMM
+    fake = importlib.import_module("_timm_norm_copy")
+    monkeypatch.setitem(sys.modules, "timm.layers.norm", fake)
+    return fake
+
+
+def _timm(name: str):
+    return getattr(sys.modules["timm.layers.norm"], name)
+
+
 def _cpmant(n):
+    transformers = pytest.importorskip("transformers")
     norm = _tf("cpmant", "CpmAntLayerNorm")(transformers.CpmAntConfig(hidden_size=n, eps=1e-6))
     nn.init.ones_(norm.weight)  # torch.empty until the model's _init_weights runs
     return norm
@@ -91,8 +118,20 @@ CASES = [
     ("diffusers.FP32LayerNorm", "upcast_layer_norm", lambda n: _df("normalization", "FP32LayerNorm")(n), 3),
     ("diffusers.SDCascadeLayerNorm", "channels_first_layer_norm",
      lambda n: _df("unets.unet_stable_cascade", "SDCascadeLayerNorm")(n, eps=1e-6), 4),
+    # timm's (a ViT or ConvNeXt built with norm_layer="rmsnorm", "layernorm2d", ...)
+    ("timm.LayerNorm", "layer_norm", lambda n: _timm("LayerNorm")(n), 3),
+    ("timm.LayerNorm2d", "channels_first_layer_norm", lambda n: _timm("LayerNorm2d")(n), 4),
+    ("timm.LayerNormFp32", "upcast_layer_norm", lambda n: _timm("LayerNormFp32")(n), 3),
+    ("timm.LayerNorm2dFp32", "channels_first_upcast_layer_norm", lambda n: _timm("LayerNorm2dFp32")(n), 4),
+    ("timm.RmsNorm", "input_dtype_rms_norm", lambda n: _timm("RmsNorm")(n), 3),
+    ("timm.RmsNorm-no-affine", "input_dtype_rms_norm", lambda n: _timm("RmsNorm")(n, affine=False), 3),
+    ("timm.RmsNorm2d", "channels_first_input_dtype_rms_norm", lambda n: _timm("RmsNorm2d")(n), 4),
+    ("timm.RmsNormFp32", "float32_rms_norm", lambda n: _timm("RmsNormFp32")(n), 3),
+    ("timm.RmsNorm2dFp32", "channels_first_float32_rms_norm", lambda n: _timm("RmsNorm2dFp32")(n), 4),
 ]
 IDS = [c[0] for c in CASES]
+# kinds whose classes compute in the input's dtype: the kernels take float32 input only
+IN_INPUT_DTYPE = ("input_dtype_rms_norm", "channels_first_input_dtype_rms_norm")
 # (input dtype, γ/β dtype)
 DTYPES = {
     "float32": (torch.float32, torch.float32),
@@ -166,7 +205,12 @@ def test_fused_path_agrees_to_rounding(kernels_on_cpu, case, dtypes):
     exact = copy.deepcopy(original).double()
     kernels_on_cpu()
     x = _input(rank, x_dtype)
-    assert interop.fused(type(swapped)._normlib_binding, swapped, x) is not None  # the kernels do take it
+    taken = interop.fused(type(swapped)._normlib_binding, swapped, x) is not None
+    if kind in IN_INPUT_DTYPE and x_dtype != torch.float32:  # statistics in 16 bits: the class's forward runs
+        assert not taken
+        assert torch.equal(original(x), swapped(x))
+        return
+    assert taken  # the kernels do take it
     xa, xb, xr = (x.clone().requires_grad_() for _ in range(3))
     ya, yb = original(xa), swapped(xb)
     yr = exact(xr.double())
@@ -335,7 +379,7 @@ def test_fused_rounding_order_is_the_originals_in_16_bits(monkeypatch, case, dty
 
     monkeypatch.setattr(dispatch, "fused", twin)
     with torch.no_grad(), nl.ops.force_path("fused"):
-        got = interop.KINDS[kind].fused("fused", x, *_params(swapped, kind), _eps(swapped), swapped)
+        got = interop.KINDS[kind].run("fused", x, *_params(swapped, kind), _eps(swapped), swapped)
     if got is None:
         pytest.skip(f"{name}: the kernels do not take {dtypes}")
     assert seen, "the kind's fused forward did not reach the kernels"
@@ -354,9 +398,13 @@ def test_kernels_round_as_the_original_in_float16(kernels_on_cpu, case, dtypes):
     swapped = copy.deepcopy(original)
     nl.swap_norms(swapped, warn=False)
     kernels_on_cpu()
-    assert interop.fused(type(swapped)._normlib_binding, swapped, x) is not None  # the kernels do take it
+    taken = interop.fused(type(swapped)._normlib_binding, swapped, x) is not None
+    assert taken != (kind in IN_INPUT_DTYPE)  # the kernels take it, but where the class computes in 16 bits
     with torch.no_grad():
         got = swapped(x)
+    if not taken:
+        assert torch.equal(got, want)
+        return
     _same_rounding(got, want, f"{name} in {dtypes} through the kernels", x_dtype)
 
 
@@ -368,3 +416,4 @@ def _params(module, kind):
 def _eps(module):
     b = type(module)._normlib_binding
     return getattr(module, b.eps) if isinstance(b.eps, str) else b.eps
+

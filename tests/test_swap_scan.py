@@ -1,7 +1,10 @@
-"""Every norm class of the installed transformers and diffusers is classified: a kind, or left alone with a reason.
+"""Every norm class of the installed transformers, diffusers and timm is classified: a kind, or left alone with a reason.
 
 The scans import every modeling module of each library (transformers'
-``transformers.models.*.modeling_*``, every module under ``diffusers.models``)
+``transformers.models.*.modeling_*``, every module under ``diffusers.models``,
+timm's ``timm.layers.*``; a library not installed, or timm where its
+torchvision does not load, is skipped: the torch matrix installs timm beside
+its lowest torch, so CI scans it there)
 and find their norm classes (``tests/_library_norms.py`` says which classes
 count). Each must be recognised by ``normlib.interop.classify`` as one of
 normlib's kinds, be one normlib itself knows to leave alone
@@ -24,15 +27,16 @@ import textwrap
 
 import pytest
 
-LIBRARIES = ("transformers", "diffusers")
+LIBRARIES = ("transformers", "diffusers", "timm")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 _SCAN = textwrap.dedent('''
     import json, sys, warnings
     warnings.simplefilter("ignore")
     sys.path.insert(0, {here!r})
-    import transformers
-    transformers.logging.set_verbosity_error()
+    if {library!r} != "timm":
+        import transformers
+        transformers.logging.set_verbosity_error()
     import _library_norms as T
     from normlib import interop
     out = {{}}
@@ -45,8 +49,12 @@ _SCAN = textwrap.dedent('''
 
 
 def _scan(library, tmp_path_factory):
-    pytest.importorskip("transformers")
-    pytest.importorskip(library)
+    if library == "timm":
+        pytest.importorskip("timm.layers", reason="timm is not installed, or its torchvision does not load here",
+                            exc_type=ImportError)
+    else:
+        pytest.importorskip("transformers")
+        pytest.importorskip(library)
     out = tmp_path_factory.mktemp("scan") / f"{library}.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", _SCAN.format(here=HERE, library=library), str(out)],
@@ -109,7 +117,7 @@ def test_the_list_of_classes_left_alone_is_honest(scan_of, library):
     recognised = [k for k, (kind, _, _) in scan.items() if kind is not None and T.left_alone(k, major, library)]
     assert not recognised, f"listed as left alone, but recognised: {recognised}"
     assert all(isinstance(why, str) and len(why) > 20 for why in T.LEFT_ALONE[library].values())
-    if library == "diffusers":  # its list is for one release line: every entry names a class the scan found
+    if library != "transformers":  # one release line: every entry names a class the scan found
         assert set(T.LEFT_ALONE[library]) <= set(scan), set(T.LEFT_ALONE[library]) - set(scan)
 
 
@@ -124,6 +132,26 @@ def test_the_diffusers_norms_the_issue_names_are_recognised(scan_of):
     }
     assert {k: scan[k][0] for k in expected} == expected
     assert scan["normalization.RMSNorm"][1] == "forward identical to diffusers.models.normalization.RMSNorm"
+
+
+def test_the_timm_norms_the_issue_names_are_recognised(scan_of):
+    """timm's RmsNorm (a ViT with norm_layer="rmsnorm"), RmsNorm2d and their Fp32 variants land in kinds;
+    SimpleNorm is left alone with what it computes."""
+    scan = scan_of("timm")
+    expected = {
+        "norm.LayerNorm": "layer_norm",
+        "norm.LayerNorm2d": "channels_first_layer_norm",
+        "norm.LayerNormFp32": "upcast_layer_norm",
+        "norm.LayerNorm2dFp32": "channels_first_upcast_layer_norm",
+        "norm.RmsNorm": "input_dtype_rms_norm",
+        "norm.RmsNorm2d": "channels_first_input_dtype_rms_norm",
+        "norm.RmsNormFp32": "float32_rms_norm",
+        "norm.RmsNorm2dFp32": "channels_first_float32_rms_norm",
+    }
+    assert {k: scan[k][0] for k in expected} == expected
+    assert scan["norm.RmsNorm"][1] == "forward identical to timm.layers.norm.RmsNorm"
+    for name in ("SimpleNorm", "SimpleNorm2d", "SimpleNormFp32", "SimpleNorm2dFp32"):
+        assert scan[f"norm.{name}"][0] is None and "Bessel's correction" in scan[f"norm.{name}"][1], name
 
 
 def test_the_scan_finds_the_norms_the_issue_names(scan):

@@ -11,6 +11,8 @@ One module per instrument, each with its own ``python -m`` entry:
 * ``model`` (``python -m normlib.benchmark.model``): a whole training step;
 * ``host`` (``python -m normlib.benchmark.host``): the host work of one call
   into the fused path;
+* ``swap_cpu`` (``python -m normlib.benchmark.swap_cpu``): what a swapped norm
+  costs on a CPU, and which faster CPU computations keep the model's numbers;
 * ``crossover`` (``python -m normlib.benchmark.crossover``): the route's
   size table, ``normlib/ops/crossover.json``;
 * ``tune`` (``python -m normlib.benchmark.tune``): the search behind the
