@@ -11,7 +11,7 @@ from .batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
 from .distributed import SyncBatchNorm
 from .errors import NormTypeError, NormValueError
 from .normalization import GroupNorm, LayerNorm, RMSNorm
-from .swap import SwapReport, swap_norms, unswap_norms
+from .interop.swap import SwapReport, swap_norms, unswap_norms
 from .transformer import TransformerBlock
 
 __version__ = "0.1.0"

@@ -35,7 +35,7 @@ import textwrap
 
 from torch import nn
 
-from normlib.interop import _STATS_IN_INPUT_DTYPE
+from normlib.interop.kinds import _STATS_IN_INPUT_DTYPE
 
 TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, nn.LocalResponseNorm)
 

@@ -390,7 +390,7 @@ def test_threads_swapping_the_same_class_share_one_swapped_class(monkeypatch):
 
     from torch import nn
 
-    from normlib import swap
+    from normlib.interop import swap
 
     making = swap._forward_for
 

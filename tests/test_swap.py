@@ -643,7 +643,7 @@ def test_a_family_is_recognised_when_only_its_own_modeling_file_is_loaded():
 def test_a_copy_of_a_norm_in_a_users_file_is_recognised_without_its_library_imported(tmp_path):
     """A user's model file with LlamaRMSNorm pasted in (renamed), in a process that never imported transformers:
     recognised from the installed file, which is imported only once the copy has its syntax tree."""
-    source = open(nl.interop._anchor_file("transformers.models.llama.modeling_llama"), encoding="utf-8").read()
+    source = open(nl.interop.recognition._anchor_file("transformers.models.llama.modeling_llama"), encoding="utf-8").read()
     node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "LlamaRMSNorm")
     pasted = ast.get_source_segment(source, node).replace("class LlamaRMSNorm", "class MyRMSNorm", 1)
     (tmp_path / "my_model.py").write_text("import torch\nfrom torch import nn\n\n\n" + pasted + "\n")
@@ -674,7 +674,7 @@ def test_anchors_read_from_their_files_match_the_imported_classes():
                 cls = getattr(importlib.import_module(anchor.module), anchor.name)
             except (ImportError, AttributeError):  # not in this transformers version
                 continue
-            static = nl.interop._static_dump(anchor)
-            assert static is not None and static == nl.interop._forward_dump(cls), anchor
+            static = nl.interop.recognition._static_dump(anchor)
+            assert static is not None and static == nl.interop.recognition._forward_dump(cls), anchor
             checked += 1
     assert checked >= 15 + (6 if importlib.util.find_spec("diffusers") else 0)

@@ -501,7 +501,7 @@ def test_the_report_says_every_reason_one_class_was_left_alone(monkeypatch):
 
     model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.LayerNorm(4), torch.nn.LayerNorm(4))
     reasons = iter(["reason A", "reason B", "reason A"])
-    monkeypatch.setattr(interop, "_verdict", lambda module: interop.Verdict.left(next(reasons))
+    monkeypatch.setattr(interop.recognition, "_verdict", lambda module: interop.Verdict.left(next(reasons))
                         if isinstance(module, torch.nn.LayerNorm) else interop.Verdict("unknown", "not a norm"))
     report = nl.swap_norms(model, warn=False)
     (count, why), = [v for k, v in report.left.items() if k.endswith("LayerNorm")]
@@ -524,7 +524,7 @@ def test_a_verdict_says_what_a_swap_makes_of_a_module():
         MyNorm(): ("unknown", None),
     }
     for module, (status, kind) in cases.items():
-        v = interop._verdict(module)
+        v = interop.recognition._verdict(module)
         assert (v.status, v.binding.kind if v.binding else None) == (status, kind), type(module)
         assert v.reason
     report = nl.swap_norms(torch.nn.Sequential(*cases), warn=False)

@@ -243,7 +243,7 @@ def test_torch_norms_under_autocast_take_autocasts_dtype(kernels_on_cpu, case):
     x = _input(rank, torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ya, yb = original(x), swapped(x)
-        dtype = interop._autocast_dtype("layer_norm" if kind != "rms_norm" else "rms_norm", x)
+        dtype = interop.kinds._autocast_dtype("layer_norm" if kind != "rms_norm" else "rms_norm", x)
     assert yb.dtype == ya.dtype
     rounded = copy.deepcopy(exact)
     if dtype is not None:  # what autocast hands the op: inputs and γ/β rounded to its dtype
@@ -283,7 +283,7 @@ def test_fp32_layer_norm_under_autocast(kernels_on_cpu, monkeypatch):
     x = _input(3, torch.bfloat16)
     binding = type(swapped)._normlib_binding
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        lowered = interop._autocast_dtype("layer_norm", x) not in (None, torch.float32)
+        lowered = interop.kinds._autocast_dtype("layer_norm", x) not in (None, torch.float32)
         assert (interop.fused(binding, swapped, x) is None) == lowered
         ya, yb = original(x), swapped(x)
     assert yb.dtype == ya.dtype == torch.bfloat16
@@ -292,7 +292,7 @@ def test_fp32_layer_norm_under_autocast(kernels_on_cpu, monkeypatch):
     else:
         assert_no_worse(yb, ya, exact(x.double()), torch.bfloat16, "output")
     # and a torch whose CPU autocast lowers layer_norm (the probe's answer, forced): the class's own forward
-    monkeypatch.setattr(interop, "_autocast_dtype", lambda op, t: torch.bfloat16)
+    monkeypatch.setattr(interop.kinds, "_autocast_dtype", lambda op, t: torch.bfloat16)
     assert interop.fused(binding, swapped, x) is None
 
 

@@ -10,7 +10,7 @@ count). Each must be recognised by ``normlib.interop.classify`` as one of
 normlib's kinds, be one normlib itself knows to leave alone
 (``interop.UNFUSED``), or be on the explicit list ``LEFT_ALONE[library]`` with
 its reason. So a release that adds a norm fails this test until the norm is
-classified: an anchor added to a kind in ``normlib/interop.py``, or an entry in
+classified: an anchor added to a kind in ``normlib/interop/kinds.py``, or an entry in
 that list.
 
 Each scan runs in a child process: importing some 550 modeling files takes half
@@ -103,7 +103,7 @@ def test_every_norm_class_is_a_kind_or_left_alone_with_a_reason(scan_of, library
             unclassified.append(f"{key} ({where}): {why}")
     assert not unclassified, (
         f"{len(unclassified)} norm class(es) of {library} {importlib.import_module(library).__version__} are neither "
-        "a kind normlib fuses nor on the list of those it leaves alone (add an anchor in normlib/interop.py, or an "
+        "a kind normlib fuses nor on the list of those it leaves alone (add an anchor in normlib/interop/kinds.py, or an "
         f"entry with its reason in tests/_library_norms.py):\n" + "\n".join(unclassified))
 
 

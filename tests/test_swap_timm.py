@@ -54,7 +54,7 @@ def test_the_copy_covers_timms_norms():
 
 @pytest.mark.parametrize("name", CLASSES)
 def test_each_forward_of_the_copy_is_timms(name):
-    assert interop._forward_dump(getattr(COPY, name)) == interop._forward_dump(getattr(TIMM, name))
+    assert interop.recognition._forward_dump(getattr(COPY, name)) == interop.recognition._forward_dump(getattr(TIMM, name))
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

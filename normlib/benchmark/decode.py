@@ -44,7 +44,7 @@ def build(device: str, dtype: torch.dtype):
     """The original model and its swapped copy (same weights), in eval mode on ``device``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..swap import swap_norms
+    from ..interop.swap import swap_norms
 
     hidden, layers, heads, kv, inter, vocab = SIZES[device]
     config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,

@@ -136,7 +136,7 @@ def build(family: str, provider: str, cfg: dict, device: str = "cuda") -> nn.Mod
                                             max_position_embeddings=cfg["seq_len"])
         model = transformers.AutoModelForCausalLM.from_config(conf, attn_implementation="sdpa")
         if "normlib" in provider:
-            from ..swap import swap_norms
+            from ..interop.swap import swap_norms
 
             model.normlib_report = str(swap_norms(model))
     return model.to(device).train()

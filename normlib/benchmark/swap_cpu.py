@@ -39,7 +39,7 @@ from torch import nn
 from .. import _cli
 from ..normalization import LayerNorm, RMSNorm
 from ..ops import native
-from ..swap import swap_norms
+from ..interop.swap import swap_norms
 from ._common import fastest, provenance, reps_for, write_json
 
 __all__ = ["SHAPES", "DTYPES", "measure", "main"]

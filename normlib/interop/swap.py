@@ -38,8 +38,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import interop
-from .errors import NormTypeError
+from ..errors import NormTypeError
+from . import kinds, recognition
 
 __all__ = ["swap_norms", "unswap_norms", "SwapReport"]
 
@@ -94,7 +94,7 @@ class _Swapped:
     _normlib_class: type[nn.Module]  # set in each swapped class's namespace by _swapped_class
 
 
-_CLASSES: dict = {}  # (original class, interop.Binding) -> its swapped subclass
+_CLASSES: dict = {}  # (original class, kinds.Binding) -> its swapped subclass
 _LOCK = threading.RLock()  # swap_norms and unswap_norms change modules' classes one call at a time
 _SLOTS = "_normlib_slots"  # instance attribute: forwards on the instance the swap rebound, to restore
 
@@ -149,8 +149,8 @@ def _forward_for(original, binding):
     else:
         source = _TEMPLATE.format(params="*args, **kwargs", one_input=" and len(args) == 1 and not kwargs", x="args[0]")
     namespace: dict = {}
-    exec(compile(source, "<normlib.swap: the swapped forward>", "exec"), namespace)  # a name for tracebacks
-    forward, belongs_to = namespace["make"](interop.fused, original, binding)
+    exec(compile(source, "<normlib.interop.swap: the swapped forward>", "exec"), namespace)  # a name for tracebacks
+    forward, belongs_to = namespace["make"](kinds.fused, original, binding)
     fn = types.FunctionType(forward.__code__, original.__globals__, original.__name__, None, forward.__closure__)
     functools.update_wrapper(fn, original)
     fn._normlib_forward = True  # type: ignore[attr-defined]  # a marker on the function, read by _runs_the_class_forward
@@ -298,7 +298,7 @@ _SCRIPTED = ("compiled TorchScript (torch.jit.script or torch.jit.trace): normli
              "swap the norms of the eager model, then script or trace it")
 
 
-def _listed(module: nn.Module, verdict: interop.Verdict) -> bool:
+def _listed(module: nn.Module, verdict: recognition.Verdict) -> bool:
     """Worth listing as left alone: a reason of its own, or a leaf module whose class is named like a norm.
 
     Containers (StableLM's per-head LayerNorm, an encoder layer named
@@ -354,16 +354,16 @@ def swap_norms(model: nn.Module, *, warn: bool = True) -> SwapReport:
             if isinstance(module, _Swapped):
                 report.already[name] += 1
                 continue
-            verdict = interop._verdict(module)
+            verdict = recognition._verdict(module)
             if verdict.binding is not None:
                 slots, why_not = _instance_forwards(module)
                 if slots is None:
-                    verdict = interop.Verdict.left(why_not)
+                    verdict = recognition.Verdict.left(why_not)
             if verdict.binding is not None:
                 try:
                     _swap(module, verdict.binding)
                 except Exception as e:  # a class that refuses subclasses, or a layout __class__ cannot be assigned over
-                    verdict = interop.Verdict.left(f"normlib cannot give it a swapped class ({e}); it runs unchanged")
+                    verdict = recognition.Verdict.left(f"normlib cannot give it a swapped class ({e}); it runs unchanged")
             if verdict.binding is not None:
                 report.swapped[name] += 1
                 kinds = set(report.kinds.get(name, "").split(", ")) - {""}
