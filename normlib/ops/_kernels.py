@@ -185,15 +185,16 @@ def _norm_bwd_kernel(
             wdy = dy
         if HAS_B:
             db += dy
+        # the chapter's c₁ = mean(ĝ) and c₂ = mean(ĝ ⊙ x̂): dx = rstd · (ĝ − c₁ − x̂ c₂), RMSNorm without c₁
         if IS_RMS:
-            c1 = (tl.sum(xhat * wdy, axis=1) / N)[:, None]  # mean(ĝ ⊙ x̂)
-            dx = (wdy - xhat * c1) * rstd
+            c2 = (tl.sum(xhat * wdy, axis=1) / N)[:, None]  # mean(ĝ ⊙ x̂)
+            dx = (wdy - xhat * c2) * rstd
         else:
             # both row sums in one reduction (one exchange between warps, not two)
-            s1, s2 = tl.reduce((xhat * wdy, wdy), 1, _add_pair)
-            c1 = (s1 / N)[:, None]  # mean(ĝ ⊙ x̂)
-            c2 = (s2 / N)[:, None]  # mean(ĝ)
-            dx = (wdy - (xhat * c1 + c2)) * rstd
+            s2, s1 = tl.reduce((xhat * wdy, wdy), 1, _add_pair)
+            c2 = (s2 / N)[:, None]  # mean(ĝ ⊙ x̂)
+            c1 = (s1 / N)[:, None]  # mean(ĝ)
+            dx = (wdy - (xhat * c2 + c1)) * rstd
         if HAS_DRES:
             dres = tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0)
             dx += dres.to(acc_dtype)
