@@ -121,24 +121,17 @@ def test_the_list_of_classes_left_alone_is_honest(scan_of, library):
         assert set(T.LEFT_ALONE[library]) <= set(scan), set(T.LEFT_ALONE[library]) - set(scan)
 
 
-def test_the_diffusers_norms_the_issue_names_are_recognised(scan_of):
-    """SD3's and Flux's q/k norms (diffusers' RMSNorm) and FP32LayerNorm land in kinds, with true reasons."""
-    scan = scan_of("diffusers")
-    expected = {
+# library -> the classes the issue names and their kinds, and one class whose reason is checked word for word
+NAMED = {
+    # SD3's and Flux's q/k norms (diffusers' RMSNorm) and FP32LayerNorm
+    "diffusers": ({
         "normalization.RMSNorm": "t5_layer_norm",
         "normalization.FP32LayerNorm": "upcast_layer_norm",
         "normalization.MochiRMSNorm": "float32_rms_norm",
         "unets.unet_stable_cascade.SDCascadeLayerNorm": "channels_first_layer_norm",
-    }
-    assert {k: scan[k][0] for k in expected} == expected
-    assert scan["normalization.RMSNorm"][1] == "forward identical to diffusers.models.normalization.RMSNorm"
-
-
-def test_the_timm_norms_the_issue_names_are_recognised(scan_of):
-    """timm's RmsNorm (a ViT with norm_layer="rmsnorm"), RmsNorm2d and their Fp32 variants land in kinds;
-    SimpleNorm is left alone with what it computes."""
-    scan = scan_of("timm")
-    expected = {
+    }, "normalization.RMSNorm", "forward identical to diffusers.models.normalization.RMSNorm"),
+    # timm's RmsNorm (a ViT with norm_layer="rmsnorm"), RmsNorm2d and their Fp32 variants
+    "timm": ({
         "norm.LayerNorm": "layer_norm",
         "norm.LayerNorm2d": "channels_first_layer_norm",
         "norm.LayerNormFp32": "upcast_layer_norm",
@@ -147,11 +140,19 @@ def test_the_timm_norms_the_issue_names_are_recognised(scan_of):
         "norm.RmsNorm2d": "channels_first_input_dtype_rms_norm",
         "norm.RmsNormFp32": "float32_rms_norm",
         "norm.RmsNorm2dFp32": "channels_first_float32_rms_norm",
-    }
+    }, "norm.RmsNorm", "forward identical to timm.layers.norm.RmsNorm"),
+}
+
+
+@pytest.mark.parametrize("library", list(NAMED))
+def test_the_norms_the_issue_names_are_recognised_with_true_reasons(scan_of, library):
+    scan = scan_of(library)
+    expected, key, reason = NAMED[library]
     assert {k: scan[k][0] for k in expected} == expected
-    assert scan["norm.RmsNorm"][1] == "forward identical to timm.layers.norm.RmsNorm"
-    for name in ("SimpleNorm", "SimpleNorm2d", "SimpleNormFp32", "SimpleNorm2dFp32"):
-        assert scan[f"norm.{name}"][0] is None and "Bessel's correction" in scan[f"norm.{name}"][1], name
+    assert scan[key][1] == reason
+    if library == "timm":  # SimpleNorm is left alone with what it computes
+        for name in ("SimpleNorm", "SimpleNorm2d", "SimpleNormFp32", "SimpleNorm2dFp32"):
+            assert scan[f"norm.{name}"][0] is None and "Bessel's correction" in scan[f"norm.{name}"][1], name
 
 
 def test_the_scan_finds_the_norms_the_issue_names(scan):
