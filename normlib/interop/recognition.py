@@ -409,7 +409,7 @@ def classify(cls: type) -> tuple[Optional[str], str]:
     left alone (``UNFUSED``) give their reason.
 
     Example:
-        >>> classify(torch.nn.LayerNorm)
+        >>> classify(nn.LayerNorm)
         ('layer_norm', 'torch.nn.modules.normalization.LayerNorm')
     """
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
@@ -462,7 +462,7 @@ def recognise(module: nn.Module) -> tuple[Optional[NormKind], str]:
     """``(kind, why)`` for a module; ``kind`` is ``None`` when normlib leaves it alone, and ``why`` says why.
 
     Example:
-        >>> recognise(torch.nn.LayerNorm(4))[0].name
+        >>> recognise(nn.LayerNorm(4))[0].name
         'layer_norm'
     """
     if not isinstance(module, nn.Module):
