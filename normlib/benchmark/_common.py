@@ -69,6 +69,11 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def loadavg() -> list | None:
+    """The machine's load average over 1, 5 and 15 minutes (``None`` where the OS has none)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def provenance() -> dict:
     """Where and with what CPU numbers were measured: the CPU records' provenance."""
     return {
@@ -80,7 +85,7 @@ def provenance() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "loadavg_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "loadavg_before": loadavg(),
     }
 
 

@@ -34,7 +34,6 @@ the load average before and after the run.
 from __future__ import annotations
 
 import copy
-import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from .. import _cli
 from .. import batchnorm as _bn
 from .. import functional as nf
 from .. import normalization as _norm
-from ._common import fastest, provenance, reps_for, write_json
+from ._common import fastest, loadavg, provenance, reps_for, write_json
 
 __all__ = ["Case", "CASES", "TARGETS", "saved_bytes", "run_case", "run_bert", "provenance", "main"]
 
@@ -449,7 +448,7 @@ def main(argv: Optional[list] = None) -> int:
     if not args.no_bert:
         print("... small BERT", file=sys.stderr, flush=True)
         data["bert"] = run_bert(rounds=args.rounds, batch=max(1, 8 // args.scale))
-    data["provenance"]["loadavg_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    data["provenance"]["loadavg_after"] = loadavg()
     write_json(data, args.out)
     if args.plot:
         plot(data, args.plot)

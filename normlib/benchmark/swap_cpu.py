@@ -40,7 +40,7 @@ from .. import _cli
 from ..normalization import LayerNorm, RMSNorm
 from ..ops import native
 from ..interop.swap import swap_norms
-from ._common import fastest, provenance, reps_for, write_json
+from ._common import fastest, loadavg, provenance, reps_for, write_json
 
 __all__ = ["SHAPES", "DTYPES", "measure", "main"]
 
@@ -121,7 +121,7 @@ def measure(rounds: int = 9, budget: float = 0.05, shapes: Optional[list] = None
         for dname, dtype in DTYPES.items():
             for shape in shapes or SHAPES:
                 data["cases"][f"{norm} {dname} {tuple(shape)}"] = _case(norm, tuple(shape), dtype, rounds, budget)
-    data["provenance"]["loadavg_after"] = provenance()["loadavg_before"]
+    data["provenance"]["loadavg_after"] = loadavg()
     return data
 
 
