@@ -12,11 +12,9 @@ timm's norm classes skips. Here, with timm:
   norm and computes on CPU exactly what it computed before.
 """
 
-import ast
 import copy
 import importlib
 import inspect
-import textwrap
 
 import pytest
 import torch
@@ -38,13 +36,9 @@ FUNCTIONS = ["rms_norm", "rms_norm2d", "simple_norm"]
 
 
 def _tree(fn) -> str:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    for node in ast.walk(tree):  # annotations aside, as recognition sets them aside
-        if isinstance(node, ast.FunctionDef):
-            node.returns = None
-        elif isinstance(node, ast.arg):
-            node.annotation = None
-    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+    """``fn``'s syntax tree as recognition compares a forward's (annotations, docstrings and local names aside)."""
+    r = interop.recognition
+    return r._dump(r._normalised(r._parse(inspect.getsource(fn)))[0])
 
 
 def test_the_copy_covers_timms_norms():

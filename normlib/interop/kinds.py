@@ -138,6 +138,13 @@ def fused(b: Binding, module: nn.Module, x) -> Optional[Tensor]:
 # ---- each kind's fused forward (only called where fused() said the kernels apply) -------------------------
 
 
+def _one_row(x: Tensor, m: nn.Module) -> bool:
+    """``x``'s last dimension is the module's ``normalized_shape`` (one dimension, as the kernels normalize),
+    where the module names one."""
+    shape = getattr(m, "normalized_shape", None)
+    return shape is None or x.shape[-1:] == tuple(shape)
+
+
 def _fits(x: Tensor, *params: Optional[Tensor]) -> bool:
     """γ and β (where given) hold one value per element of the last dimension, as the kernels read them."""
     return x.dim() > 0 and all(t is None or t.shape == x.shape[-1:] for t in params)
@@ -178,14 +185,14 @@ F_layer_norm = torch.nn.functional.layer_norm
 
 
 def _layer_norm(how, x, w, b, eps, m):
-    if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
+    if not _one_row(x, m) or not _fits(x, w, b):
         return None
     x, w, b = _autocast("layer_norm", x, w, b)
     return ops.dispatch.fused(x, None, w, b, eps, rms=False, how=how)[0]
 
 
 def _rms_norm(how, x, w, b, eps, m):
-    if x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w):
+    if not _one_row(x, m) or not _fits(x, w):
         return None
     x, w = _autocast("rms_norm", x, w)
     eps = eps if eps is not None else torch.finfo(torch.float32).eps
@@ -212,7 +219,7 @@ def _t5_layer_norm(how, x, w, b, eps, m):
 
 
 def _float32_rms_norm(how, x, w, b, eps, m):
-    if not _over_its_shape(x, m):
+    if not _one_row(x, m):
         return None
     if w is not None and w.dim() == 0:  # Gemma-3n's with_scale=False in transformers 4.x: a scalar γ of 1
         w = w.expand(x.shape[-1:]).contiguous()
@@ -230,14 +237,8 @@ def _input_dtype_rms_norm(how, x, w, b, eps, m):
     return _float32_rms_norm(how, x, w, b, eps, m)
 
 
-def _over_its_shape(x: Tensor, m: nn.Module) -> bool:
-    """``x`` ends in the module's ``normalized_shape``, where it has one."""
-    shape = getattr(m, "normalized_shape", None)
-    return shape is None or (len(shape) > 0 and x.shape[-len(shape):] == tuple(shape))
-
-
 def _float32_layer_norm(how, x, w, b, eps, m):
-    if not _fits(x, w, b) or (w is None and x.shape[-1:] != tuple(m.normalized_shape)):
+    if not _fits(x, w, b) or (w is None and not _one_row(x, m)):
         return None
     return ops.dispatch.fused(x, None, w, b, eps, rms=False, how=how)[0]
 
@@ -250,7 +251,7 @@ def _upcast_layer_norm(how, x, w, b, eps, m):
 
 
 def _layer_norm_1p(how, x, w, b, eps, m):
-    if w is None or x.shape[-1:] != tuple(m.normalized_shape) or not _fits(x, w, b):
+    if w is None or not _one_row(x, m) or not _fits(x, w, b):
         return None
     w = w + 1.0  # in γ's dtype, as its forward computes it
     if torch.is_autocast_enabled():  # its forward's _cast_if_autocast_enabled, then F.layer_norm with autocast off
@@ -281,11 +282,16 @@ def _over_one_dim(m: nn.Module) -> str:
     return f"it normalizes over its last {n} dimensions and the kernels over one; it runs unchanged"
 
 
-def _select_layer_norm(m, b, reads):
-    if getattr(m, "_fast_norm", False):
-        return None, _FAST_NORM
+def _select_one_dim(m, b, reads):
     why = _over_one_dim(m)
     return (None, why) if why else (b, "")
+
+
+def _select_unless_fast_norm(m, b, reads):
+    """timm's norms (LayerNorm, RmsNorm and their 2d variants) in fast-norm mode run unchanged."""
+    if getattr(m, "_fast_norm", False):
+        return None, _FAST_NORM
+    return _select_one_dim(m, b, reads)
 
 
 def _select_channels_first(m, b, reads):
@@ -293,23 +299,10 @@ def _select_channels_first(m, b, reads):
         return None, _FAST_NORM
     fmt = getattr(m, "data_format", "channels_first")
     if fmt == "channels_last":  # ConvNextLayerNorm: then it is a plain LayerNorm
-        return _select_layer_norm(m, Binding("layer_norm", b.weight, b.bias, b.eps), reads)
+        return _select_one_dim(m, Binding("layer_norm", b.weight, b.bias, b.eps), reads)
     if fmt != "channels_first":
         return None, f"data_format={fmt!r}, neither channels_first nor channels_last; it runs unchanged"
-    why = _over_one_dim(m)
-    return (None, why) if why else (b, "")
-
-
-def _select_timm(m, b, reads):
-    if getattr(m, "_fast_norm", False):
-        return None, _FAST_NORM
-    why = _over_one_dim(m)
-    return (None, why) if why else (b, "")
-
-
-def _select_one_dim(m, b, reads):
-    why = _over_one_dim(m)
-    return (None, why) if why else (b, "")
+    return _select_one_dim(m, b, reads)
 
 
 _STATS_IN_INPUT_DTYPE = "statistics in the input's own dtype; the kernels accumulate in float32 and cannot round so"
@@ -363,7 +356,7 @@ KINDS: dict[str, NormKind] = {
             "statistics and x̂·γ + β in float32, cast to the input's dtype at the end (autocast's dtype under autocast)",
             (_LAYER_NORM, Anchor("timm.layers.norm", "LayerNorm", "weight", "bias", "eps")),
             _layer_norm,
-            _select_layer_norm,
+            _select_unless_fast_norm,
         ),
         NormKind(
             "channels_first_layer_norm",
@@ -438,7 +431,7 @@ KINDS: dict[str, NormKind] = {
             "float32_rms_norm's order over the channels of (N, C, H, W), the output in the input's memory format",
             (Anchor("timm.layers.norm", "RmsNorm2dFp32", eps="eps"),),
             _float32_rms_norm,
-            _select_timm,
+            _select_unless_fast_norm,
             layout="channels_first_dense",
         ),
         NormKind(
@@ -447,14 +440,14 @@ KINDS: dict[str, NormKind] = {
             "16-bit input runs unchanged",
             (Anchor("timm.layers.norm", "RmsNorm", eps="eps"),),
             _input_dtype_rms_norm,
-            _select_timm,
+            _select_unless_fast_norm,
         ),
         NormKind(
             "channels_first_input_dtype_rms_norm",
             "input_dtype_rms_norm's order over the channels of (N, C, H, W), the output in the input's memory format",
             (Anchor("timm.layers.norm", "RmsNorm2d", eps="eps"),),
             _input_dtype_rms_norm,
-            _select_timm,
+            _select_unless_fast_norm,
             layout="channels_first_dense",
         ),
         NormKind(
