@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 __all__ = ["spawn"]
 
 HOST = "127.0.0.1"
+_DONE = "normlib_launch_done"  # the store's count of ranks that are through
 
 
 def _child(
@@ -56,6 +57,14 @@ def _child(
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=limit)
     try:
         result = fn(rank, world_size, *args)
+    except BaseException:
+        # A rank that failed leaves at once, its group left standing: a peer blocked in a
+        # collective with it is released only by this process's exit (which closes its
+        # connections), and waiting for that peer here would wait out the whole
+        # timeout. The count lets peers that did finish stop waiting in _all_done.
+        store.add(_DONE, 1)
+        raise
+    try:
         # Written under a temporary name and renamed, so a half-written file is never read.
         path = os.path.join(outdir, f"rank{rank}.pt")
         torch.save(result, path + ".tmp")
@@ -73,9 +82,9 @@ def _all_done(store: dist.Store, world_size: int, seconds: float) -> None:
     exception"). The rendezvous goes through the store, not a collective, so
     it works even after a collective of the group failed or timed out.
     """
-    store.add("normlib_launch_done", 1)
+    store.add(_DONE, 1)
     deadline = time.monotonic() + seconds
-    while store.add("normlib_launch_done", 0) < world_size and time.monotonic() < deadline:
+    while store.add(_DONE, 0) < world_size and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
