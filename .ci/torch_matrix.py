@@ -74,8 +74,9 @@ IGNORE = ["tests/test_book.py", "tests/test_site.py", "tests/test_zh_edition.py"
 # ptxas resource reports, tuning, the benchmarks' plumbing) and what needs
 # transformers. Two CPU cores cannot run the whole suite four times within
 # CI's 30 minutes; `run --all` runs everything. The compiled-gradient zoo runs
-# whole but for float16 (float32 and bfloat16, static and dynamic shapes, both
-# compile modes; float16, `pin`, with make test): CI runs the releases on both
+# float32 with static and dynamic shapes and bfloat16 with static ones, in both
+# compile modes (float16 and dynamic bfloat16, `pin`, with make test; see
+# tests/test_compile_gradients.py): CI runs the releases on both
 # cores once `make test` is done. The longest modules come first and
 # xdist's workers steal from each other, so that no single long test is left to run
 # alone at the end (torch 2.8 on a 2-core Xeon, 2026-11-28: 315 s in file order, 246 s so).
