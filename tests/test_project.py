@@ -159,11 +159,12 @@ def test_the_matrix_installs_ahead_where_the_disk_allows_and_refuses_where_it_ca
     thread.start()
     # A bound on the wait, not an expectation of speed: on a loaded 2-core machine three venvs took
     # over 120 s to create, and the test went on before the last one was installed.
-    deadline = time.monotonic() + 600
+    wait_s = 600
+    deadline = time.monotonic() + wait_s
     while len(list(envs.glob("*/.installed"))) < len(releases) and time.monotonic() < deadline:
         thread.join(0.2)
     installed = sorted(p.parent.name for p in envs.glob("*/.installed"))
-    assert installed == sorted(releases), f"not every release was installed ahead within 600 s: {installed}"
+    assert installed == sorted(releases), f"not every release was installed ahead within {wait_s} s: {installed}"
     assert not tested, "a release was tested before --after's file existed"
     after.touch()
     thread.join(300)

@@ -61,8 +61,9 @@ def _child(
         # A rank that failed leaves at once, its group left standing: a peer blocked in a
         # collective with it is released only by this process's exit (which closes its
         # connections), and waiting for that peer here would wait out the whole
-        # timeout. The count lets peers that did finish stop waiting in _all_done.
-        store.add(_DONE, 1)
+        # timeout. Counting itself done (without waiting) lets peers that did finish
+        # stop waiting in _all_done.
+        _all_done(store, world_size, 0.0)
         raise
     try:
         # Written under a temporary name and renamed, so a half-written file is never read.
