@@ -48,10 +48,20 @@ def test_norm_forward_backward(shape, dtype, kind):
     check(kind, x, None, w, b)
 
 
+# The fused add + norm at every dtype on the small shapes; the wide rows (one block of 1024, several of 3000)
+# in float32 and bfloat16 only: float16 takes the kernels' 16-bit path, which bfloat16 already runs at those
+# widths (and test_norm_forward_backward runs float16 at every width).
+ADD_NORM_CASES = [
+    pytest.param(shape, dtype, id=f"{shape[0]}x{shape[1]}-{dtype}")
+    for shape in [(3, 8), (64, 123), (3, 1024), (3, 3000), (0, 100)]
+    for dtype in DTYPES
+    if not (dtype == torch.float16 and shape[1] >= 1024)
+]
+
+
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 @pytest.mark.parametrize("residual_dtype", ["same", "float32"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(3, 8), (64, 123), (3, 1024), (3, 3000), (0, 100)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape, dtype", ADD_NORM_CASES)
 def test_add_norm_forward_backward(shape, dtype, residual_dtype, kind):
     torch.manual_seed(shape[1])
     rdt = dtype if residual_dtype == "same" else torch.float32
@@ -114,13 +124,17 @@ def test_large_offset_low_variance_rows(dtype):
 
 
 def test_gradcheck_float64():
+    """gradcheck's fast mode (a random projection vᵀJu of the Jacobian against finite differences, the mode
+    torch recommends for expensive functions): each interpreted launch costs a fraction of a second, and the
+    full Jacobian took ~100 launches per op; test_norm_forward_backward compares every gradient element."""
     torch.manual_seed(6)
     d = dict(dtype=torch.float64, requires_grad=True)
     x, r, w, b = torch.randn(3, 7, **d), torch.randn(3, 7, **d), torch.randn(7, **d), torch.randn(7, **d)
-    assert torch.autograd.gradcheck(lambda x, w, b: ops.layer_norm(x, w, b), (x, w, b))
-    assert torch.autograd.gradcheck(lambda x, w: ops.rms_norm(x, w, 1e-6), (x, w))
-    assert torch.autograd.gradcheck(lambda x, r, w, b: ops.add_layer_norm(x, r, w, b), (x, r, w, b))
-    assert torch.autograd.gradcheck(lambda x, r, w: ops.add_rms_norm(x, r, w, 1e-6), (x, r, w))
+    fast = dict(fast_mode=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: ops.layer_norm(x, w, b), (x, w, b), **fast)
+    assert torch.autograd.gradcheck(lambda x, w: ops.rms_norm(x, w, 1e-6), (x, w), **fast)
+    assert torch.autograd.gradcheck(lambda x, r, w, b: ops.add_layer_norm(x, r, w, b), (x, r, w, b), **fast)
+    assert torch.autograd.gradcheck(lambda x, r, w: ops.add_rms_norm(x, r, w, 1e-6), (x, r, w), **fast)
 
 
 def test_gradients_are_bitwise_deterministic():
