@@ -66,7 +66,11 @@ def test_profile_lists_shares_of_the_time():
     x = torch.randn(8, 32, requires_grad=True)
     m = nn.LayerNorm(32)
     rows = cpu.profile(m, x, list(m.parameters()), torch.randn(8, 32), top=3)
-    assert 1 <= len(rows) <= 3 and all(0 < r["share"] <= 1 for r in rows)
+    # shares are rounded to 0.001: an op with a sliver of the time (the autograd engine's own row, under load)
+    # shows 0.0; the rows come largest first and together hold at most the whole
+    shares = [r["share"] for r in rows]
+    assert 1 <= len(rows) <= 3 and shares[0] > 0 and all(0 <= s <= 1 for s in shares), rows
+    assert shares == sorted(shares, reverse=True) and sum(shares) <= 1 + 0.0005 * len(shares), rows
 
 
 def test_run_bert_tiny():
