@@ -50,6 +50,56 @@ def test_a_chinese_chapter_downloaded_alone_runs_the_english_code(src):
     assert "normlib-setup" in chinese.cells[0].metadata.get("tags", [])
 
 
+def test_a_stale_or_untranslated_cell_is_shown_in_english_under_a_notice(tmp_path):
+    """A reader sees why a paragraph is in English: the build puts the notice (class zh-stale) above it."""
+    src = _notebooks()[0]
+    nb = nbformat.read(src, as_version=4)
+    md = zh._markdown_cells(nb)
+    md[1].source += "\n\nA sentence added after the translation was made."
+    md[2].id = "not-translated-yet"
+    copy = tmp_path / src.name  # same name: the same stored translations apply
+    nbformat.write(nb, copy)
+    chinese, fallback = zh.zh_notebook(copy)
+    cells = {c.id: c.source for c in zh._markdown_cells(chinese)}
+    assert cells[md[1].id] == zh.with_notice(md[1].source, "stale")
+    assert cells["not-translated-yet"] == zh.with_notice(md[2].source, "missing")
+    assert '<p class="zh-stale"' in cells[md[1].id] and len(fallback) == 2
+    assert cells[md[0].id] == zh._translation(src)["cells"][md[0].id]["zh"]
+    assert "p.zh-stale" in (ROOT / "_static" / "book.css").read_text()
+
+
+def test_a_renamed_caption_or_title_is_reported(monkeypatch):
+    assert not zh._names_status()
+    first = next(iter(zh.CAPTIONS))
+    monkeypatch.setattr(zh, "CAPTIONS", {k: v for k, v in zh.CAPTIONS.items() if k != first} | {"Gone": "旧"})
+    monkeypatch.setattr(zh, "TITLE_EN", "An older title")
+    problems = [" ".join(p) for p in zh._names_status()]
+    assert any("title" in p and "An older title" in p for p in problems), problems
+    assert any(repr(first) in p and "no Chinese caption" in p for p in problems), problems
+    assert any("'Gone'" in p and "unused" in p for p in problems), problems
+
+
+def test_stale_shows_what_changed_and_mark_fresh_wants_a_new_translation(tmp_path, monkeypatch, capsys):
+    src = _notebooks()[0]
+    data = json.loads((ROOT / "book" / "zh" / (src.name + ".json")).read_text(encoding="utf-8"))
+    cid = next(iter(data["cells"]))
+    english = data["cells"][cid]["en"]
+    data["cells"][cid]["en"] = english.replace(english.split()[-1], "OLDWORD")  # made from an older English
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    stored = zh._translation
+    monkeypatch.setattr(zh, "_translation", lambda s: data if s == src else stored(s))
+    monkeypatch.setattr(zh, "status", lambda: [(src.relative_to(ROOT).as_posix(), cid, "stale")])
+    zh.show_stale()
+    out = capsys.readouterr().out
+    assert "-" in out and "OLDWORD" in out and data["cells"][cid]["zh"] in out
+    monkeypatch.setattr(zh, "_committed_chinese", lambda p, c: data["cells"][cid]["zh"])
+    with pytest.raises(SystemExit, match="same-translation"):
+        zh.mark_fresh(str(path), [cid])
+    zh.mark_fresh(str(path), [cid], same_translation=True)
+    assert json.loads(path.read_text(encoding="utf-8"))["cells"][cid]["en"] == english
+
+
 def test_translation_files_name_their_source_and_only_its_cells():
     for path in sorted((ROOT / "book" / "zh").glob("*.json")):
         if path == zh.FIGURES:
@@ -90,9 +140,14 @@ def _visible(text):
     return re.sub(r"\{term\}`(?:([^`<]*?)\s*<[^`>]*>|([^`]*))`", lambda m: m.group(1) or m.group(2), text)
 
 
-def _glossary():
-    """``{English head: [its Chinese names]}`` from book/glossary.md."""
-    text = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
+def _zh_glossary_text():
+    """The Chinese edition's glossary page (book/zh/glossary.md.json)."""
+    return zh._translation(ROOT / "book" / "glossary.md")["zh"]
+
+
+def _glossary(text=None):
+    """``{head: [its Chinese names]}`` from the term lines of book/glossary.md, or of the glossary page ``text``."""
+    text = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8") if text is None else text
     block = text.split("```{glossary}")[1].split("```")[0]
     terms = {}
     for head in (line for line in block.splitlines() if line and not line.startswith(" ")):
@@ -186,18 +241,149 @@ def test_glossary_gives_every_term_a_chinese_name():
     assert len(_glossary()) >= 40
 
 
+# Terms whose Chinese name in the text is not the head's Chinese: bfloat16 is written as such in Chinese
+# engineering text (the head's 浮点格式 describes it).
+_SETTLED_NAMES = {
+    "bfloat16": ["bfloat16"],
+}
+
+
 @pytest.mark.parametrize("src", _notebooks(), ids=lambda p: p.stem)
 def test_chinese_chapters_use_the_glossarys_terms(src):
-    """Every term a chapter links to the glossary appears in its Chinese text under the glossary's name."""
+    """Every term a chapter links to the glossary appears in its Chinese text under the Chinese glossary's name."""
     pairs = list(_pairs(src))
     english = " ".join(en for _, en, _ in pairs)
     chinese = " ".join(_visible(tr) for _, _, tr in pairs)
     missing = []
-    for head, names in _glossary().items():
-        if re.search(r"\{term\}`[^`]*" + re.escape(head.split(" (")[0]), english):
+    for head, names in _glossary(_zh_glossary_text()).items():
+        term = head.split(" (")[0]
+        names = _SETTLED_NAMES.get(term, []) + names
+        if re.search(r"\{term\}`[^`]*" + re.escape(term), english):
             if not any(n in chinese for n in names):
                 missing.append(f"{head} -> {names}")
     assert not missing, f"{src.name}: glossary terms the Chinese text never uses: {missing}"
+
+
+def _term_targets(text):
+    """The glossary heads that the ``{term}`` roles of ``text`` link to (Sphinx matches them case-blind)."""
+    roles = re.finditer(r"\{term\}`(?:[^`<]*<([^`>]+)>|([^`]+))`", text)
+    return {(m.group(1) or m.group(2)).strip().lower() for m in roles}
+
+
+def _heads(text):
+    block = text.split("```{glossary}")[1].split("```")[0]
+    return {line.strip().lower() for line in block.splitlines() if line.strip() and not line.startswith(" ")}
+
+
+def _translated_texts():
+    """``(file name, where, Chinese text)`` for every translation: notebook cells, whole pages, figure labels."""
+    for path in sorted((ROOT / "book" / "zh").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if path == zh.FIGURES:
+            yield from ((path.name, f"label {k!r}", v) for k, v in data["labels"].items())
+        elif "cells" in data:
+            yield from ((path.name, f"cell {cid}", e["zh"]) for cid, e in data["cells"].items())
+        else:
+            yield path.name, "page", data["zh"]
+
+
+def test_glossary_links_resolve_in_either_glossary():
+    """A Chinese chapter links to heads that both glossaries define, and so does the English text the build shows
+    for a stale cell: whichever glossary page the Chinese build uses (the English one while the translation of
+    the glossary is stale), every link finds its term; a missing term fails the build."""
+    english_heads = _heads((ROOT / "book" / "glossary.md").read_text(encoding="utf-8"))
+    chinese_heads = _heads(_zh_glossary_text())
+    links = {(name, where, t) for name, where, text in _translated_texts() for t in _term_targets(text)}
+    for src in (zh._source(page) for page in zh._toc_files()):
+        if src.suffix == ".md":
+            links |= {(src.name, "page (English)", t) for t in _term_targets(src.read_text(encoding="utf-8"))}
+            continue
+        for cell in zh._markdown_cells(nbformat.read(src, as_version=4)):
+            links |= {(src.name, f"cell {cell.id} (English)", t) for t in _term_targets(cell.source)}
+    bad = [f"{name} {where}: {t}" for name, where, t in sorted(links) if t not in english_heads & chinese_heads]
+    assert not bad, "links to a term that one of the two glossaries lacks:\n" + "\n".join(bad)
+
+
+# The words the source articles use for a glossary term (one name in the book, the articles' names listed
+# beside it in the Chinese glossary, so that a reader coming from an article finds the term).
+_ARTICLE_WORDS = {
+    "Pre-Norm": ["层归一化前置"],
+    "Post-Norm": ["层归一化后置"],
+    "Running statistics": ["移动平均", "移动方差"],
+    "Multi-head attention": ["注意力头"],
+    "Causal mask": ["下三角掩码"],
+    "Saturation": ["饱和区"],
+    "Output projection": ["输出投影层"],
+    "Identity branch": ["跳跃连接"],
+    "Scale γ and shift β": ["偏移参数", "仿射变换"],
+    "Epsilon ε": ["小常数"],
+    "Biased variance": ["有偏估计"],
+}
+
+
+def _entries(text):
+    """``{English name of each head: the whole entry (its heads and definition)}`` of a glossary page."""
+    block = text.split("```{glossary}")[1].split("```")[0]
+    entries = {}
+    for entry in re.split(r"\n\s*\n", block):
+        for head in (line for line in entry.splitlines() if line.strip() and not line.startswith(" ")):
+            entries[head.split(" (")[0].strip()] = entry
+    return entries
+
+
+def test_chinese_glossary_lists_the_articles_words():
+    entries = _entries(_zh_glossary_text())
+    missing = [f"{term}: {w}" for term, words in _ARTICLE_WORDS.items() for w in words if w not in entries.get(term, "")]
+    assert not missing, f"words of the articles that the Chinese glossary does not list under their term: {missing}"
+    if SEEDS.is_dir():
+        seeds = "".join(p.read_text(encoding="utf-8") for p in sorted(SEEDS.glob("0*.txt")))
+        assert not [w for words in _ARTICLE_WORDS.values() for w in words if w not in seeds]
+
+
+# One word per term (issue 39): the variant each decision retired, and the word that replaced it.
+_RETIRED = {
+    "脑浮点数": "bfloat16 (or BF16)",
+    "最后一位单位": "末位单位（ulp）",
+    "小批次": "小批量 for a mini-batch, 「批次很小时」 for small batches",
+    "批量大小": "批大小",
+    "批次大小": "批大小",
+    "接法": "连接方式",
+    "无归一化，He": "无归一化，Kaiming 初始化 (He initialisation is Kaiming 初始化 throughout)",
+    "位尾数": "个有效数字位 (the significand's bits; 尾数 is only the stored fraction)",
+    "滑动平均统计量": "移动平均统计量",
+    "滑动均值": "移动均值",
+    "滑动方差": "移动方差",
+    "离不开随机": "停留在随机猜测水平 (the networks stay at chance)",
+    "第二项任务": "第二个作用 (the article's 作用)",
+}
+# Words the errata's translation still uses while it is being revised on its own (book/zh/08_errata.part*.json).
+
+
+def test_each_term_has_one_chinese_word():
+    """No translation uses a retired variant, outside the articles' own words (「quotes」) and the glossary's heads."""
+    english_heads = _heads((ROOT / "book" / "glossary.md").read_text(encoding="utf-8"))
+    found = []
+    for name, where, text in _translated_texts():
+        text = re.sub(r"「[^」]*」", "", _visible(text))
+        text = "\n".join(line for line in text.splitlines() if line.strip().lower() not in english_heads)
+        for word, instead in _RETIRED.items():
+            if word in text:
+                found.append(f"{name} {where}: {word} -> {instead}")
+    assert not found, "retired variants:\n" + "\n".join(found)
+
+
+def test_the_attention_chapter_says_attention_head():
+    """Article 002's 注意力头: in chapter 06 every cell that speaks of a head says 注意力头 before a bare 头."""
+    src = ROOT / "book" / "06_attention_by_hand.ipynb"
+    chinese = [(cid, tr) for cid, _, tr in _pairs(src)]
+    assert sum(tr.count("注意力头") for _, tr in chinese) >= 10
+    bare = []
+    for cid, tr in chinese:
+        text = re.sub(r"「[^」]*」|`[^`]*`|\$[^$]*\$", "", tr).replace("注意力头", "\0")
+        text = re.sub(r"[多单手开]头", "", text)
+        if "头" in text and ("\0" not in text or text.index("头") < text.index("\0")):
+            bare.append(cid)
+    assert not bare, f"cells that say 头 before 注意力头: {bare}"
 
 
 def _normalise(text):

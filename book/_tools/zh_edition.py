@@ -2,18 +2,21 @@
 
     python book/_tools/zh_edition.py build    # assemble _build/zh-src and build it into _build/html/zh
     python book/_tools/zh_edition.py check    # fail naming every stale or missing translation
-    python book/_tools/zh_edition.py stale    # show each stale cell: its English now and its Chinese
+    python book/_tools/zh_edition.py stale    # show each stale cell: what changed in its English, and its Chinese
     python book/_tools/zh_edition.py mark-fresh FILE CELL_ID...   # after updating a translation
 
 One source of code and outputs. A Chinese chapter is its English notebook
 with each markdown cell's text replaced by the translation stored in
 ``book/zh/<file>.json``; code cells and their stored outputs are the English
 ones, copied, never re-executed. A markdown page (``intro.md``, ...) is
-replaced whole. Each translation records the SHA-256 of the English text it
-was made from (``en_sha256``): when the English changes, the translation is
-*stale*. ``check`` (run by ``make test``) fails naming every stale or missing
-cell; ``build`` uses the English text for such cells and says so, so the
-Chinese edition never shows an outdated sentence as if it were current.
+replaced whole. Each translation keeps the English text it was made from
+(``en``): when the English changes, the translation is *stale*. ``check``
+(run by ``make test``) fails naming every stale or missing cell, every part
+caption of ``_toc.yml`` without a Chinese one in ``CAPTIONS`` and a book title
+that changed since ``TITLE`` was made from it; ``build`` shows such a cell in
+English under a line that says why (``zh-stale``), so the Chinese edition
+never shows an outdated sentence as if it were current, nor English without
+a word of explanation.
 
 Figures are translated where they are drawn: the chapters' SVG figures keep
 their text as text (``svg.fonttype: none`` in ``book/matplotlibrc``), and the
@@ -24,22 +27,28 @@ entry no figure uses any more, every label that mixes words and TeX (write it
 in Unicode, so that it can be translated whole) and every figure drawn with
 glyph outlines.
 
-A translator updating a stale cell: ``stale`` prints the cell's current
-English and the old Chinese; edit the ``zh`` text in the JSON file, then
-``mark-fresh book/zh/<file>.json <cell id>`` stores the new English hash.
+A translator updating a stale cell: ``stale`` prints what changed in the
+cell's English (a diff against the English the translation was made from) and
+the Chinese; edit the ``zh`` text in the JSON file, then ``mark-fresh
+book/zh/<file>.json <cell id>`` stores the new English. It refuses a cell
+whose Chinese is the same as in the last commit (an English change that needs
+no change in the Chinese, such as a fixed typo, is marked with
+``--same-translation``).
 
 The edition is its own Sphinx project under ``_build/zh-src`` (the same
 ``_config.yml`` with Chinese titles, ``language: zh_CN`` and Chinese search,
 which segments words with jieba), built into ``_build/html/zh`` so that every
 page has the same path in both editions; ``book/_ext/edition.py`` puts a
-link to the other edition's page on every page.
+link to the other edition's page on every page, ``book/_ext/zh_search.py``
+cuts a reader's query into the index's words in the browser, and
+``book/_ext/zh_theme.py`` gives the theme's own strings in Chinese.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
+import difflib
 import html
 import json
 import re
@@ -58,6 +67,8 @@ ZH = BOOK / "zh"
 SRC = ROOT / "_build" / "zh-src"
 OUT = ROOT / "_build" / "html" / "zh"
 
+# The book's title and the parts' captions in _toc.yml, each with the English it translates.
+TITLE_EN = "Normalization in Deep Learning, by Running Code"
 TITLE = "归一化：用可运行的代码读懂深度学习中的归一化层"
 CAPTIONS = {
     "LayerNorm": "层归一化 LayerNorm",
@@ -67,10 +78,6 @@ CAPTIONS = {
     "Using the library": "使用 normlib",
     "Back matter": "附录",
 }
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _toc_files() -> list[str]:
@@ -106,6 +113,23 @@ def _translation(src: Path) -> dict:
 
 def _markdown_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "markdown"]
+
+
+def is_fresh(entry: dict | None, english: str) -> bool:
+    """Whether a translation was made from this English (the one rule for staleness)."""
+    return entry is not None and "zh" in entry and entry.get("en") == english
+
+
+# What a reader of the Chinese edition sees above prose that is shown in English (styled in _static/book.css).
+STALE_NOTICE = {
+    "stale": "此段英文原文在翻译之后有改动，中文译文尚未更新，暂以英文原文显示。",
+    "missing": "此段尚未翻译，暂以英文原文显示。",
+}
+
+
+def with_notice(english: str, why: str) -> str:
+    """``english`` under the line that tells the reader why it is not in Chinese."""
+    return f'<p class="zh-stale" lang="zh-CN">{STALE_NOTICE[why]}</p>\n\n{english}'
 
 
 FIGURES = ZH / "figures.json"
@@ -225,8 +249,24 @@ def _figure_status() -> list[tuple[str, str, str]]:
     return problems
 
 
+def _names_status() -> list[tuple[str, str, str]]:
+    """The book's title and the parts' captions: each must have the Chinese made from its English now."""
+    problems = []
+    title = yaml.safe_load((ROOT / "_config.yml").read_text())["title"]
+    if title != TITLE_EN:
+        problems.append(("_config.yml", f"title {title!r}",
+                         f"changed since TITLE was translated from {TITLE_EN!r} (book/_tools/zh_edition.py)"))
+    captions = [part["caption"] for part in yaml.safe_load((ROOT / "_toc.yml").read_text()).get("parts", [])]
+    problems += [("_toc.yml", f"caption {c!r}", "has no Chinese caption in CAPTIONS (book/_tools/zh_edition.py)")
+                 for c in captions if c not in CAPTIONS]
+    problems += [("book/_tools/zh_edition.py", f"CAPTIONS entry {c!r}", "unused (no part of _toc.yml has it now)")
+                 for c in CAPTIONS if c not in captions]
+    return problems
+
+
 def status() -> list[tuple[str, str, str]]:
-    """``(file, cell id or "", "stale"|"missing")`` for every untranslated piece of prose."""
+    """``(file, cell id or "", "stale"|"missing")`` for every untranslated piece of prose, then every other
+    problem: the title and captions, the figures' labels."""
     problems = []
     for page in _toc_files():
         src = _source(page)
@@ -235,7 +275,7 @@ def status() -> list[tuple[str, str, str]]:
         if src.suffix == ".md":
             if "zh" not in tr:
                 problems.append((rel, "", "missing"))
-            elif tr.get("en_sha256") != sha256(src.read_text(encoding="utf-8")):
+            elif not is_fresh(tr, src.read_text(encoding="utf-8")):
                 problems.append((rel, "", "stale"))
             continue
         cells = tr.get("cells", {})
@@ -243,14 +283,15 @@ def status() -> list[tuple[str, str, str]]:
             entry = cells.get(cell.id)
             if entry is None:
                 problems.append((rel, cell.id, "missing"))
-            elif entry.get("en_sha256") != sha256(cell.source):
+            elif not is_fresh(entry, cell.source):
                 problems.append((rel, cell.id, "stale"))
-    return problems + _figure_status()
+    return problems + _names_status() + _figure_status()
 
 
 # Words the search index must keep whole besides the glossary's (jieba would
 # split 核函数 into 核 + 函数, and a one-character word is not indexed).
-SEARCH_WORDS = ["核函数", "滑动平均统计量", "滑动均值", "滑动方差", "小批量", "批次", "勘误", "归一化"]
+SEARCH_WORDS = ["核函数", "移动平均统计量", "移动均值", "移动方差", "注意力头", "小批量", "批次",
+                "勘误", "归一化"]
 
 
 def _search_dictionary() -> Path:
@@ -276,7 +317,9 @@ def _config() -> dict:
     conf["html_search_options"] = {"dict": str(_search_dictionary())}
     conf["togglebutton_hint"] = "点击显示"
     conf["togglebutton_hint_hide"] = "点击隐藏"
-    sphinx["local_extensions"] = dict(sphinx.get("local_extensions") or {}, edition="book/_ext")
+    # zh_search: queries cut into the index's words in the browser; zh_theme: the theme's strings in Chinese
+    sphinx["local_extensions"] = dict(sphinx.get("local_extensions") or {}, edition="book/_ext", zh_search="book/_ext",
+                                      zh_theme="book/_ext")
     conf["normlib_edition"] = "zh"
     return cfg
 
@@ -291,9 +334,10 @@ def zh_notebook(src: Path, figures: dict[str, str] | None = None):
     cells = _translation(src).get("cells", {})
     for cell in _markdown_cells(out):
         entry = cells.get(cell.id)
-        if entry is not None and entry.get("en_sha256") == sha256(cell.source):
+        if is_fresh(entry, cell.source):
             cell.source = entry["zh"]
         else:
+            cell.source = with_notice(cell.source, "missing" if entry is None else "stale")
             fallback.append(f"{src.name} cell {cell.id}")
     for cell in out.cells:
         for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
@@ -315,9 +359,10 @@ def build(run_sphinx: bool = True) -> int:
         dest = SRC / src.relative_to(ROOT)
         if src.suffix == ".md":
             text = src.read_text(encoding="utf-8")
-            if tr.get("en_sha256") == sha256(text):
+            if is_fresh(tr, text):
                 text = tr["zh"]
             else:
+                text = with_notice(text, "stale" if "zh" in tr else "missing")
                 fallback.append(f"{src.name} (whole page)")
             dest.write_text(text, encoding="utf-8")
             continue
@@ -387,29 +432,60 @@ def show_stale() -> int:
         print(f"=== {rel}{' cell ' + cell_id if cell_id else ''} ({what})")
         tr = _translation(src)
         if cell_id:
-            cell = next(c for c in _markdown_cells(nbformat.read(src, as_version=4)) if c.id == cell_id)
-            print("--- English now:\n" + cell.source)
-            old = tr.get("cells", {}).get(cell_id)
-            print("--- Chinese (made from an older English):\n" + (old["zh"] if old else "(none)"))
+            now = next(c for c in _markdown_cells(nbformat.read(src, as_version=4)) if c.id == cell_id).source
+            entry = tr.get("cells", {}).get(cell_id)
         else:
-            print("(a whole page: compare book/" + src.name + " with its translation)")
+            now, entry = src.read_text(encoding="utf-8"), (tr if "zh" in tr else None)
+        if entry is None:
+            print("--- English (no translation yet):\n" + now)
+            continue
+        print("--- What changed in the English since the translation was made:")
+        diff = difflib.unified_diff(entry.get("en", "").splitlines(), now.splitlines(), "translated from", "English now",
+                                    lineterm="", n=1)
+        print("\n".join(diff))
+        print("--- Chinese (made from the English before the change):\n" + entry["zh"])
     return 0
 
 
-def mark_fresh(file: str, cell_ids: list[str]) -> int:
+def _committed_chinese(path: Path, cell_id: str | None) -> str | None:
+    """The Chinese of one translation as the last commit has it (None where git or the commit lacks it)."""
+    try:
+        rel = path.resolve().relative_to(ROOT).as_posix()
+        text = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+    except (ValueError, OSError, subprocess.CalledProcessError):
+        return None
+    data = json.loads(text)
+    entry = data.get("cells", {}).get(cell_id) if cell_id else data
+    return entry.get("zh") if entry else None
+
+
+def mark_fresh(file: str, cell_ids: list[str], same_translation: bool = False) -> int:
+    """Store the English each named translation (or a page's) is now made from. A translation whose English
+    changed but whose Chinese is the same as in the last commit is refused unless ``same_translation``."""
     path = Path(file)
     data = json.loads(path.read_text(encoding="utf-8"))
     src = ROOT / data["source"]
     if "cells" not in data:
-        data["en_sha256"] = sha256(src.read_text(encoding="utf-8"))
+        targets = {None: (data, src.read_text(encoding="utf-8"))}
     else:
         english = {c.id: c.source for c in _markdown_cells(nbformat.read(src, as_version=4))}
+        targets = {}
         for cid in cell_ids:
             if cid not in data["cells"]:
                 raise SystemExit(f"cell {cid!r}: not in {file} (add its translation first)")
             if cid not in english:
                 raise SystemExit(f"cell {cid!r}: not a markdown cell of {data['source']}")
-            data["cells"][cid]["en_sha256"] = sha256(english[cid])
+            targets[cid] = (data["cells"][cid], english[cid])
+    for cid, (entry, now) in targets.items():
+        where = f"{file}{' cell ' + cid if cid else ''}"
+        changed = entry.get("en") not in (None, now)
+        if changed and not same_translation and entry["zh"] == _committed_chinese(path, cid):
+            raise SystemExit(f"{where}: its English changed but its Chinese is as committed; update the "
+                             "translation (`stale` shows what changed), or pass --same-translation if the "
+                             "change needs none")
+        entry.pop("en_sha256", None)
+        entry["en"] = now
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     return 0
 
@@ -424,6 +500,8 @@ def main() -> int:
     m = sub.add_parser("mark-fresh")
     m.add_argument("file")
     m.add_argument("cell_ids", nargs="*")
+    m.add_argument("--same-translation", action="store_true",
+                   help="the English changed in a way that needs no change in the Chinese (a typo, a link)")
     args = parser.parse_args()
     if args.command == "build":
         return build(not args.no_sphinx)
@@ -431,7 +509,7 @@ def main() -> int:
         return check()
     if args.command == "stale":
         return show_stale()
-    return mark_fresh(args.file, args.cell_ids)
+    return mark_fresh(args.file, args.cell_ids, args.same_translation)
 
 
 if __name__ == "__main__":
