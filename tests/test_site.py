@@ -225,8 +225,11 @@ def _search(driver, page, query):
     from selenium.webdriver.support.ui import WebDriverWait
 
     _load(driver, _page_url(page) + "?q=" + quote(query))
-    WebDriverWait(driver, 30).until(
-        lambda d: d.execute_script("return document.querySelectorAll('#search-results li').length") > 0
+    # Sphinx adds the results one by one (fetching each page for its summary) and writes the summary line
+    # ("found N pages") only when the last is in: wait for that line, not for the first result
+    WebDriverWait(driver, 60).until(
+        lambda d: d.execute_script("const s = document.querySelector('#search-results .search-summary');"
+                                   "return s !== null && s.innerText.trim().length > 0")
     )
     return driver.execute_script("return Array.from(document.querySelectorAll('#search-results li a')).map(a => a.textContent)")
 
@@ -238,11 +241,69 @@ def test_search_finds_layernorm(driver):
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("word", ["层归一化", "勘误", "滑动平均"])
+@pytest.mark.parametrize("word", ["层归一化", "勘误", "移动方差"])
 def test_chinese_search_finds_chinese_words(driver, word):
     """The Chinese edition's index is segmented into words (jieba), so a word finds its pages."""
     hits = _search(driver, "zh/search.html", word)
     assert len(hits) >= 1, word
+
+
+# Phrases of two or three indexed words, none of them a word of the index itself.
+ZH_PHRASES = ("归一化层", "训练模式", "测试准确率")
+
+
+def _zh_prose_pages_with(phrase):
+    """The titles (h1) of the Chinese pages whose prose (not code or outputs) contains ``phrase``."""
+    titles = set()
+    for page in PAGES:
+        if not page.startswith("zh/") or page.endswith(("search.html", "genindex.html", "py-modindex.html")):
+            continue
+        soup = BeautifulSoup((ROOT / page).read_text(encoding="utf-8"), "html.parser")
+        article = soup.find("article")
+        if article is None or article.h1 is None:
+            continue
+        for code in article.select("div.cell_input, div.cell_output, pre"):
+            code.decompose()
+        if phrase in article.get_text():
+            titles.add(article.h1.get_text().replace("#", "").strip())
+    return titles
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("phrase", ZH_PHRASES)
+def test_chinese_search_finds_phrases_that_span_words(driver, phrase):
+    """A query is cut into the index's words in the browser (book/_ext/zh_search.py), as jieba cut the pages,
+    so a phrase finds every page whose prose contains it."""
+    expected = _zh_prose_pages_with(phrase)
+    assert expected, f"no Chinese page contains {phrase!r}: choose another phrase"
+    hits = set(_search(driver, "zh/search.html", phrase))
+    assert expected <= hits, f"{phrase!r}: pages that contain it but were not found: {sorted(expected - hits)}"
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("page", ["zh/book/04_batchnorm_across_devices.html", "zh/book/08_errata.html", "zh/intro.html"])
+def test_chinese_text_is_never_slanted(driver, page):
+    """Chinese typography has no italics: no element whose own text holds Chinese characters is set italic."""
+    _load(driver, _page_url(page))
+    slanted = driver.execute_script("""
+        const out = [];
+        for (const el of document.querySelectorAll("article *")) {
+          const own = Array.from(el.childNodes).filter((n) => n.nodeType === 3).map((n) => n.textContent).join("");
+          if (/\\p{Script=Han}/u.test(own) && getComputedStyle(el).fontStyle !== "normal") out.push(own.slice(0, 40));
+        }
+        return out;""")
+    assert not slanted, f"{page}: Chinese set in italics: {slanted[:5]}"
+
+
+@pytest.mark.browser
+def test_the_chinese_theme_speaks_mainland_chinese(driver):
+    """The theme's own strings (book/_ext/zh_theme.py): no English and no Taiwan usage in the page's chrome."""
+    _load(driver, _page_url("zh/book/01_layer_norm.html"))
+    html = driver.page_source
+    for english in ("Link to this heading", "Search this book", "Print to PDF", "Color mode", "Copyright"):
+        assert english not in html, english
+    assert "列印" not in html
+    assert "打印为 PDF" in html and "链接到此标题" in html
 
 
 def _external_links(path: Path):
