@@ -63,7 +63,10 @@ $(MATHJAX): $(MATHJAX_SRC)/tex-mml-chtml.js
 
 # Both editions: the English book into _build/html, then the Chinese edition
 # (the same chapters with translated prose, book/zh/) into _build/html/zh.
+# The Chinese font the book serves (Noto Sans SC from npm, the slices holding the characters the
+# pages use): book/_tools/cjk_font.py writes _assets/cjk/ before each build (a second or two).
 book: $(STAMP) $(MATHJAX)
+	$(BIN)/python book/_tools/cjk_font.py
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	$(BIN)/python book/_tools/zh_edition.py build
 	@echo

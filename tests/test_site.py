@@ -306,6 +306,117 @@ def test_the_chinese_theme_speaks_mainland_chinese(driver):
     assert "打印为 PDF" in html and "链接到此标题" in html
 
 
+# The book's Chinese font (book/_tools/cjk_font.py).
+_cjk_spec = importlib.util.spec_from_file_location(
+    "_normlib_cjk_font", Path(__file__).resolve().parents[1] / "book" / "_tools" / "cjk_font.py"
+)
+cjk = importlib.util.module_from_spec(_cjk_spec)
+_cjk_spec.loader.exec_module(cjk)
+
+
+def _shipped_ranges(edition_root):
+    css = (edition_root / "cjk" / cjk.CSS).read_text(encoding="utf-8")
+    files = re.findall(r'url\("([^"]+)"\)', css)
+    missing = [f for f in files if not (edition_root / "cjk" / f).exists()]
+    assert not missing, f"{edition_root}: the font stylesheet names files that are not there: {missing}"
+    return [r for spec in re.findall(r"unicode-range:\s*([^;]+);", css) for r in cjk.parse_ranges(spec)]
+
+
+def test_every_chinese_character_of_every_page_is_in_the_books_font(site):
+    """A reader without a CJK font sees Chinese, not boxes, on every page of both editions: each CJK character
+    a page shows (its text, titles and attributes) lies in a slice of the font the book serves."""
+    problems = []
+    for edition in (ROOT, ROOT / "zh"):
+        ranges = _shipped_ranges(edition)
+        for page in PAGES:
+            path = ROOT / page
+            if (edition == ROOT) == page.startswith("zh/"):
+                continue
+            chars = set(cjk._CJK.findall(path.read_text(encoding="utf-8")))
+            left = chars - cjk.covered(ranges, chars)
+            if left:
+                problems.append(f"{page}: {''.join(sorted(left))}")
+    assert not problems, "characters the book's font does not hold (make book re-selects the slices):\n" + "\n".join(problems)
+
+
+def _fontconfig_without_cjk(tmp_path):
+    """A fontconfig file that sees only a Latin font folder of this machine, or None."""
+    latin = next((d for d in (Path("/usr/share/fonts/truetype/dejavu"), Path("/usr/share/fonts/truetype/liberation"))
+                  if d.is_dir()), None)
+    if latin is None:
+        return None
+    conf = tmp_path / "fonts.conf"
+    conf.write_text(f"<?xml version=\"1.0\"?>\n<fontconfig><dir>{latin}</dir><cachedir>{tmp_path / 'cache'}</cachedir>"
+                    "</fontconfig>\n")
+    return conf
+
+
+@pytest.mark.browser
+def test_chinese_is_drawn_on_a_machine_without_a_cjk_font(driver, tmp_path):
+    """Chromium with fontconfig limited to a Latin font folder (no CJK font at all) draws a Chinese page
+    with the book's own font: the faces the page needs load, and they hold the page's characters."""
+    conf = _fontconfig_without_cjk(tmp_path)
+    if conf is None:
+        pytest.skip("no DejaVu or Liberation font folder to build a font set without CJK from")
+    env = dict(os.environ, FONTCONFIG_FILE=str(conf))
+    if shutil.which("fc-list"):
+        import subprocess
+
+        listed = subprocess.run(["fc-list", ":lang=zh"], env=env, capture_output=True, text=True, timeout=60).stdout
+        assert not listed.strip(), f"the font set meant to lack CJK has some: {listed[:200]}"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1600"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    bare = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=opts)
+    try:
+        bare.set_page_load_timeout(60)
+        _load(bare, _page_url("zh/book/01_layer_norm.html"))
+        bare.set_script_timeout(60)
+        state = bare.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            document.fonts.ready.then(() => {
+              const faces = Array.from(document.fonts).filter((f) => f.family.includes("(book)"));
+              const text = document.querySelector("article").innerText;
+              const han = Array.from(new Set(text.match(/\\p{Script=Han}/gu))).join("");
+              done({loaded: faces.filter((f) => f.status === "loaded").length, han: han.length,
+                    drawn: document.fonts.check('16px "Noto Sans SC (book)"', han),
+                    marked: document.documentElement.classList.contains("normlib-no-cjk-font")});
+            });""")
+        if SHOTS:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            bare.save_screenshot(str(SHOTS / "zh-01-without-system-cjk-font.png"))
+    finally:
+        bare.quit()
+    assert state["han"] > 100, state
+    assert state["marked"], f"the page did not see that this machine has no CJK font (book/_ext/page_fixes.py): {state}"
+    assert state["loaded"] >= 1 and state["drawn"], f"the book's font did not supply the page's Chinese: {state}"
+
+
+@pytest.mark.browser
+def test_a_machine_with_a_cjk_font_does_not_load_the_books(driver):
+    """Where the system has a CJK font, the page uses it: it is not marked, and no face of the book's font loads."""
+    import subprocess
+
+    if not (shutil.which("fc-list") and subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True,
+                                                        timeout=60).stdout.strip()):
+        pytest.skip("this machine has no CJK font (CI installs fonts-wqy-microhei)")
+    _load(driver, _page_url("zh/book/01_layer_norm.html"))
+    driver.set_script_timeout(60)
+    state = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        document.fonts.ready.then(() => done({
+          marked: document.documentElement.classList.contains("normlib-no-cjk-font"),
+          loaded: Array.from(document.fonts).filter((f) => f.family.includes("(book)") && f.status !== "unloaded").length,
+        }));""")
+    assert state == {"marked": False, "loaded": 0}, state
+
+
 def _external_links(path: Path):
     soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
     return [a["href"] for a in soup.find_all("a", href=True) if urlsplit(a["href"]).scheme in ("http", "https") or a["href"].startswith("//")]
