@@ -248,6 +248,22 @@ def test_chinese_search_finds_chinese_words(driver, word):
     assert len(hits) >= 1, word
 
 
+def test_chinese_citations_read_as_chinese(site):
+    """Citations in the Chinese edition's text say 等 and 和, not an italic "et al." and "and"
+    (book/_ext/zh_theme.py); the English edition keeps its own style."""
+    bad, seen = [], 0
+    for page in PAGES:
+        soup = BeautifulSoup((ROOT / page).read_text(encoding="utf-8"), "html.parser")
+        for cite in soup.select("span.bibtex-citation"):
+            text = cite.get_text()
+            if page.startswith("zh/"):
+                seen += 1
+                if "et al" in text or " and " in text:
+                    bad.append(f"{page}: {text[:60]}")
+    assert seen >= 5, "too few citations found in the Chinese edition to check"
+    assert not bad, bad[:10]
+
+
 # Phrases of two or three indexed words, none of them a word of the index itself.
 ZH_PHRASES = ("归一化层", "训练模式", "测试准确率")
 

@@ -321,6 +321,7 @@ def _config() -> dict:
     sphinx["local_extensions"] = dict(sphinx.get("local_extensions") or {}, edition="book/_ext", zh_search="book/_ext",
                                       zh_theme="book/_ext")
     conf["normlib_edition"] = "zh"
+    conf["bibtex_reference_style"] = "author_year_zh"  # "Ba 等 [2016]" (book/_ext/zh_theme.py)
     return cfg
 
 
