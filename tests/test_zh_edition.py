@@ -45,9 +45,29 @@ def test_a_chinese_chapter_downloaded_alone_runs_the_english_code(src):
     ``book/_tools/standalone.py`` runs for the English chapter is what a reader of the Chinese one runs."""
     english = nbformat.read(src, as_version=4)
     chinese, _ = zh.zh_notebook(src)
-    code = [(c.cell_type, c.source) for c in english.cells if c.cell_type == "code"]
-    assert [(c.cell_type, c.source) for c in chinese.cells if c.cell_type == "code"] == code
+    code = [zh.code_tokens(c.source) for c in english.cells if c.cell_type == "code"]
+    assert [zh.code_tokens(c.source) for c in chinese.cells if c.cell_type == "code"] == code  # comments aside
+    assert chinese.cells[0].source == english.cells[0].source
     assert "normlib-setup" in chinese.cells[0].metadata.get("tags", [])
+
+
+def test_a_translated_listing_keeps_the_code_and_takes_the_articles_comments():
+    """Where an article's listing is shown with the article's own Chinese comments (``"code"`` entries), the
+    code is the English cell's token for token, and every Chinese comment is the article's, word for word."""
+    articles = "".join(p.read_text(encoding="utf-8") for p in sorted(SEEDS.glob("00*.txt")))
+    flat = re.sub(r"\s+", "", articles)
+    found = 0
+    for src in _notebooks():
+        for cid, entry in zh._translation(src).get("code", {}).items():
+            assert zh.code_tokens(entry["zh"]) == zh.code_tokens(entry["en"]), f"{src.name} {cid}: code changed"
+            # the first line heads the listing in the book's own words
+            for comment in re.findall(r"#\s*(.*)", entry["zh"].split("\n", 1)[1]):
+                if re.search(r"[\u4e00-\u9fff]", comment):
+                    found += 1
+                    assert re.sub(r"\s+", "", comment) in flat, f"{src.name} {cid}: not the article's words: {comment}"
+    assert found >= 10, "chapter 06's listing of article 002 should carry the article's comments"
+    assert zh.code_tokens("x = 1  # 注释\n# 另一行\n") == zh.code_tokens("x = 1  # a comment\n")
+    assert zh.code_tokens("x = 1  # 注释") != zh.code_tokens("x = 2  # 注释")  # a changed constant is not a comment
 
 
 def test_a_stale_or_untranslated_cell_is_shown_in_english_under_a_notice(tmp_path):

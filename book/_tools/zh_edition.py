@@ -8,7 +8,10 @@
 One source of code and outputs. A Chinese chapter is its English notebook
 with each markdown cell's text replaced by the translation stored in
 ``book/zh/<file>.json``; code cells and their stored outputs are the English
-ones, copied, never re-executed. A markdown page (``intro.md``, ...) is
+ones, copied, never re-executed. A code cell may have its comments translated
+(``"code"`` in the same file, e.g. an article's listing with the article's own
+Chinese comments): it is used only while it has exactly the English cell's
+tokens without comments, so it runs the same code. A markdown page (``intro.md``, ...) is
 replaced whole. Each translation keeps the English text it was made from
 (``en``): when the English changes, the translation is *stale*. ``check``
 (run by ``make test``) fails naming every stale or missing cell, every part
@@ -50,11 +53,13 @@ import argparse
 import copy
 import difflib
 import html
+import io
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -105,7 +110,8 @@ def _translation(src: Path) -> dict:
         data = json.loads(p.read_text(encoding="utf-8"))
         if "cells" in data:
             merged.setdefault("cells", {}).update(data["cells"])
-            merged.setdefault("files", {}).update({cid: p for cid in data["cells"]})
+            merged.setdefault("code", {}).update(data.get("code", {}))
+            merged.setdefault("files", {}).update({cid: p for cid in [*data["cells"], *data.get("code", {})]})
         else:
             merged.update(data, file=p)
     return merged
@@ -113,6 +119,12 @@ def _translation(src: Path) -> dict:
 
 def _markdown_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "markdown"]
+
+
+def code_tokens(source: str) -> list[tuple[int, str]]:
+    """A code cell's tokens without its comments: two sources with the same tokens run the same code."""
+    skip = (tokenize.COMMENT, tokenize.NL)
+    return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip]
 
 
 def is_fresh(entry: dict | None, english: str) -> bool:
@@ -279,12 +291,21 @@ def status() -> list[tuple[str, str, str]]:
                 problems.append((rel, "", "stale"))
             continue
         cells = tr.get("cells", {})
-        for cell in _markdown_cells(nbformat.read(src, as_version=4)):
+        nb = nbformat.read(src, as_version=4)
+        for cell in _markdown_cells(nb):
             entry = cells.get(cell.id)
             if entry is None:
                 problems.append((rel, cell.id, "missing"))
             elif not is_fresh(entry, cell.source):
                 problems.append((rel, cell.id, "stale"))
+        code = {c.id: c.source for c in nb.cells if c.cell_type == "code"}
+        for cid, entry in tr.get("code", {}).items():
+            if cid not in code:
+                problems.append((rel, cid, "a comment translation for a cell that is not a code cell"))
+            elif not is_fresh(entry, code[cid]):
+                problems.append((rel, cid, "stale"))
+            elif code_tokens(entry["zh"]) != code_tokens(entry["en"]):
+                problems.append((rel, cid, "its Chinese changes the code, not only the comments"))
     return problems + _names_status() + _figure_status()
 
 
@@ -332,7 +353,8 @@ def zh_notebook(src: Path, figures: dict[str, str] | None = None):
     figures = _figure_table() if figures is None else figures
     nb = nbformat.read(src, as_version=4)
     out, fallback = copy.deepcopy(nb), []
-    cells = _translation(src).get("cells", {})
+    tr = _translation(src)
+    cells, code = tr.get("cells", {}), tr.get("code", {})
     for cell in _markdown_cells(out):
         entry = cells.get(cell.id)
         if is_fresh(entry, cell.source):
@@ -340,6 +362,14 @@ def zh_notebook(src: Path, figures: dict[str, str] | None = None):
         else:
             cell.source = with_notice(cell.source, "missing" if entry is None else "stale")
             fallback.append(f"{src.name} cell {cell.id}")
+    for cell in out.cells:
+        # a code cell whose comments are translated (the same tokens): shown with the Chinese comments
+        entry = code.get(cell.id) if cell.cell_type == "code" else None
+        if entry is not None:
+            if is_fresh(entry, cell.source) and code_tokens(entry["zh"]) == code_tokens(cell.source):
+                cell.source = entry["zh"]
+            else:
+                fallback.append(f"{src.name} code cell {cell.id} (comments in English)")
     for cell in out.cells:
         for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if SVG in o.get("data", {}):
@@ -433,8 +463,8 @@ def show_stale() -> int:
         print(f"=== {rel}{' cell ' + cell_id if cell_id else ''} ({what})")
         tr = _translation(src)
         if cell_id:
-            now = next(c for c in _markdown_cells(nbformat.read(src, as_version=4)) if c.id == cell_id).source
-            entry = tr.get("cells", {}).get(cell_id)
+            now = next(c for c in nbformat.read(src, as_version=4).cells if c.id == cell_id).source
+            entry = tr.get("cells", {}).get(cell_id) or tr.get("code", {}).get(cell_id)
         else:
             now, entry = src.read_text(encoding="utf-8"), (tr if "zh" in tr else None)
         if entry is None:
@@ -457,7 +487,7 @@ def _committed_chinese(path: Path, cell_id: str | None) -> str | None:
     except (ValueError, OSError, subprocess.CalledProcessError):
         return None
     data = json.loads(text)
-    entry = data.get("cells", {}).get(cell_id) if cell_id else data
+    entry = (data.get("cells", {}).get(cell_id) or data.get("code", {}).get(cell_id)) if cell_id else data
     return entry.get("zh") if entry else None
 
 
@@ -470,14 +500,17 @@ def mark_fresh(file: str, cell_ids: list[str], same_translation: bool = False) -
     if "cells" not in data:
         targets = {None: (data, src.read_text(encoding="utf-8"))}
     else:
-        english = {c.id: c.source for c in _markdown_cells(nbformat.read(src, as_version=4))}
+        nb = nbformat.read(src, as_version=4)
         targets = {}
         for cid in cell_ids:
-            if cid not in data["cells"]:
+            kind = "markdown" if cid in data["cells"] else "code" if cid in data.get("code", {}) else None
+            if kind is None:
                 raise SystemExit(f"cell {cid!r}: not in {file} (add its translation first)")
+            english = {c.id: c.source for c in nb.cells if c.cell_type == kind}
             if cid not in english:
-                raise SystemExit(f"cell {cid!r}: not a markdown cell of {data['source']}")
-            targets[cid] = (data["cells"][cid], english[cid])
+                raise SystemExit(f"cell {cid!r}: not a {kind} cell of {data['source']}")
+            entry = data["cells"][cid] if kind == "markdown" else data["code"][cid]
+            targets[cid] = (entry, english[cid])
     for cid, (entry, now) in targets.items():
         where = f"{file}{' cell ' + cid if cid else ''}"
         changed = entry.get("en") not in (None, now)
