@@ -375,6 +375,8 @@ _RETIRED = {
     "滑动方差": "移动方差",
     "离不开随机": "停留在随机猜测水平 (the networks stay at chance)",
     "第二项任务": "第二个作用 (the article's 作用)",
+    "词元": "token (as the articles write it)",
+    "大规模激活": "巨量激活 (massive activations)",
 }
 # Words the errata's translation still uses while it is being revised on its own (book/zh/08_errata.part*.json).
 
