@@ -88,6 +88,21 @@ def test_a_stale_or_untranslated_cell_is_shown_in_english_under_a_notice(tmp_pat
     assert "p.zh-stale" in (ROOT / "_static" / "book.css").read_text()
 
 
+@pytest.mark.parametrize("why", ["stale", "missing"])
+def test_the_stale_notice_renders_as_html_above_the_english(why):
+    """The notice is raw HTML in the cell's markdown: MyST (the parser the book is built with) passes it through
+    to the page as a paragraph of class zh-stale, before the English it explains."""
+    import docutils.core
+    from myst_parser.parsers.docutils_ import Parser
+
+    english = "A paragraph with *emphasis* and $x^2$."
+    html = docutils.core.publish_parts(zh.with_notice(english, why), parser=Parser(), writer_name="html5",
+                                       settings_overrides={"myst_enable_extensions": ["dollarmath"],
+                                                           "report_level": 4})["body"]
+    notice = f'<p class="zh-stale" lang="zh-CN">{zh.STALE_NOTICE[why]}</p>'
+    assert notice in html and html.index(notice) < html.index("<em>emphasis</em>"), html
+
+
 def test_a_renamed_caption_or_title_is_reported(monkeypatch):
     assert not zh._names_status()
     first = next(iter(zh.CAPTIONS))
