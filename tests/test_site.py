@@ -355,6 +355,31 @@ def test_every_chinese_character_of_every_page_is_in_the_books_font(site):
     assert not problems, "characters the book's font does not hold (make book re-selects the slices):\n" + "\n".join(problems)
 
 
+def test_every_chinese_figure_carries_the_font_for_its_labels(site):
+    """Figures are images and cannot use the page's fonts: each SVG of the Chinese edition whose labels hold CJK
+    characters embeds a font whose character map has every one of them, listed first for its labels."""
+    import base64
+    import io
+
+    from fontTools.ttLib import TTFont
+
+    figures = sorted((ROOT / "zh" / "_images").glob("*.svg"))
+    checked = 0
+    for svg_path in figures:
+        svg = svg_path.read_text(encoding="utf-8")
+        labels = set(cjk._CJK.findall("".join(cjk._TEXT.findall(svg))))
+        if not labels:
+            continue
+        checked += 1
+        held = set()
+        for data in re.findall(r"data:font/woff;base64,([A-Za-z0-9+/=]+)", svg):
+            held |= {chr(c) for c in TTFont(io.BytesIO(base64.b64decode(data))).getBestCmap()}
+        assert labels <= held, f"{svg_path.name}: labels without the book's font: {''.join(sorted(labels - held))}"
+        families = re.findall(r"font-family:\s*([^;\"]*)", svg)
+        assert all(f.startswith(f"'{cjk.FAMILY}'") for f in families if "DejaVu" in f), svg_path.name
+    assert checked >= 20, f"only {checked} Chinese figures found"
+
+
 def _fontconfig_without_cjk(tmp_path):
     """A fontconfig file that sees only a Latin font folder of this machine, or None."""
     latin = next((d for d in (Path("/usr/share/fonts/truetype/dejavu"), Path("/usr/share/fonts/truetype/liberation"))
@@ -481,7 +506,7 @@ def test_chinese_chapters_download_as_notebooks_with_chinese_prose(site):
         for cell in english.cells:
             for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
                 if zh.SVG in out.get("data", {}):
-                    out["data"][zh.SVG] = zh.translate_svg(out["data"][zh.SVG], figures)
+                    out["data"][zh.SVG] = cjk.embed_in_svg(zh.translate_svg(out["data"][zh.SVG], figures))
         assert code == [(zh.code_tokens(c.source), c.get("outputs")) for c in english.cells if c.cell_type == "code"], page
         svgs = [o["data"][zh.SVG] for _, outs in code for o in outs or [] if zh.SVG in o.get("data", {})]
         assert any("训练" in svg for svg in svgs) or not any("training" in svg for svg in svgs), page

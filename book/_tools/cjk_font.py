@@ -19,14 +19,24 @@ it in ``_static/book.css`` has the character) and the font's licence.
 ``tests/test_site.py`` checks the result on the built pages: every CJK
 character of every page lies in a shipped slice, and a browser with no CJK
 font on its machine draws the Chinese with this one.
+
+Figures are SVG images, and an image cannot load a page's fonts; a figure
+whose labels are Chinese (the Chinese edition's) carries its own font:
+``embed_in_svg`` subsets, from the slices' WOFF files, exactly the characters
+of its labels (fontTools, which matplotlib already needs) and puts them in the
+SVG as data URIs (a few kB), first in each label's font list (it holds no
+other character).
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import re
 import shutil
 import sys
+from functools import cache
 from gettext import GNUTranslations
 from pathlib import Path
 
@@ -90,6 +100,56 @@ def faces(css: str) -> list[tuple[str, str]]:
 
 def covered(ranges: list[tuple[int, int]], chars: set[str]) -> set[str]:
     return {c for c in chars if any(lo <= ord(c) <= hi for lo, hi in ranges)}
+
+
+@cache
+def _slices() -> tuple[tuple[str, tuple[tuple[int, int], ...]], ...]:
+    css = (PACKAGE / "400.css").read_text(encoding="utf-8")
+    return tuple((name, tuple(parse_ranges(spec))) for name, spec in faces(css))
+
+
+@cache
+def _subset(name: str, chars: str) -> str:
+    """The WOFF of one slice cut down to ``chars``, base64-encoded."""
+    from fontTools import subset
+    from fontTools.ttLib import TTFont
+
+    # the timestamp kept as the font has it: the same figure gets the same bytes on every build
+    font = TTFont(PACKAGE / "files" / name.replace(".woff2", ".woff"), recalcTimestamp=False)
+    options = subset.Options()
+    options.name_IDs = ["*"]  # fontTools' default layout features; all the name records (the licence's among them)
+    options.notdef_outline = True
+    subsetter = subset.Subsetter(options)
+    subsetter.populate(text=chars)
+    subsetter.subset(font)
+    out = io.BytesIO()
+    font.flavor = "woff"
+    font.save(out)
+    return base64.b64encode(out.getvalue()).decode("ascii")
+
+
+_TEXT = re.compile(r"<text\b[^>]*>([^<]*)</text>")
+_FAMILY = re.compile(r"font-family:\s*")
+
+
+def embed_in_svg(svg: str) -> str:
+    """``svg`` with the book's font for the CJK characters of its text labels (unchanged if it has none)."""
+    chars = set(_CJK.findall("".join(_TEXT.findall(svg))))
+    if not chars:
+        return svg
+    rules = []
+    for name, ranges in _slices():
+        hit = "".join(sorted(covered(list(ranges), chars)))
+        if hit:
+            rules.append(f'@font-face {{ font-family: "{FAMILY}"; '
+                         f'src: url(data:font/woff;base64,{_subset(name, hit)}) format("woff"); }}')
+    style = "<style>" + " ".join(rules) + "</style>"
+    # first in each label's list: the subset holds only the labels' CJK characters, so every other character
+    # falls through to the figure's own fonts, while a CJK one never reaches the system's fallback, which in
+    # Chromium keeps drawing boxes after a later-listed font has loaded
+    svg = _FAMILY.sub(f"font-family: '{FAMILY}', ", svg)
+    opening = re.search(r"<svg\b[^>]*>", svg)
+    return svg[: opening.end()] + style + svg[opening.end():] if opening else svg
 
 
 def main() -> int:

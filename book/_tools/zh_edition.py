@@ -52,7 +52,9 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import functools
 import html
+import importlib.util
 import io
 import json
 import re
@@ -237,6 +239,25 @@ def _realign(group: str, table: dict[str, str]) -> str:
     return out
 
 
+@functools.cache
+def _cjk_font():
+    """book/_tools/cjk_font.py, the module that gives figures the book's Chinese font."""
+    spec = importlib.util.spec_from_file_location("_normlib_cjk_font", Path(__file__).resolve().with_name("cjk_font.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_font(nb) -> None:
+    """Give every SVG figure of ``nb`` whose labels are Chinese the book's font for them (in place): figures are
+    images, which cannot use the page's fonts (``cjk_font.embed_in_svg``; needs ``npm ci``, which make book runs)."""
+    embed = _cjk_font().embed_in_svg
+    for cell in nb.cells:
+        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if SVG in o.get("data", {}):
+                o["data"][SVG] = embed(o["data"][SVG])
+
+
 def translate_svg(svg: str, table: dict[str, str]) -> str:
     """``svg`` with each label that has an entry in ``table`` replaced by its Chinese."""
     def one(m):
@@ -399,6 +420,7 @@ def build(run_sphinx: bool = True) -> int:
             continue
         out, stale = zh_notebook(src, figures)
         fallback += stale
+        with_font(out)
         nbformat.write(out, dest)
     # what the build reads besides the pages
     shutil.copy(BOOK / "references.bib", SRC / "book" / "references.bib")
@@ -407,7 +429,8 @@ def build(run_sphinx: bool = True) -> int:
     if data.exists():
         shutil.copytree(data, SRC / "book" / "data")
         for svg in (SRC / "book" / "data").glob("*.svg"):
-            svg.write_text(translate_svg(svg.read_text(encoding="utf-8"), figures), encoding="utf-8")
+            svg.write_text(_cjk_font().embed_in_svg(translate_svg(svg.read_text(encoding="utf-8"), figures)),
+                           encoding="utf-8")
     (SRC / "normlib").symlink_to(ROOT / "normlib", target_is_directory=True)  # for {literalinclude}
     for extra in ("_static", "_assets"):
         if (ROOT / extra).exists():
