@@ -86,6 +86,13 @@ def driver(site):
             "chromium and chromedriver are not installed: browser checks skipped "
             "(apt-get install chromium chromium-driver to run them; CI always does)"
         )
+    d = _chrome()
+    yield d
+    d.quit()
+
+
+def _chrome(env=None, *args):
+    """A headless Chromium that logs the console and the network; ``env`` for its processes, ``args`` added."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -94,14 +101,13 @@ def driver(site):
     for arg in (
         "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-        "--window-size=1280,1600",
+        "--window-size=1280,1600", *args,
     ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    d = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=opts)
     d.set_page_load_timeout(60)
-    yield d
-    d.quit()
+    return d
 
 
 def _load(driver, url):
@@ -405,18 +411,8 @@ def test_chinese_is_drawn_on_a_machine_without_a_cjk_font(driver, tmp_path):
 
         listed = subprocess.run(["fc-list", ":lang=zh"], env=env, capture_output=True, text=True, timeout=60).stdout
         assert not listed.strip(), f"the font set meant to lack CJK has some: {listed[:200]}"
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1600"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    bare = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=opts)
+    bare = _chrome(env, f"--user-data-dir={tmp_path / 'profile'}")
     try:
-        bare.set_page_load_timeout(60)
         _load(bare, _page_url("zh/book/01_layer_norm.html"))
         bare.set_script_timeout(60)
         state = bare.execute_async_script("""

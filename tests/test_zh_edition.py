@@ -180,12 +180,20 @@ def _zh_glossary_text():
     return zh._translation(ROOT / "book" / "glossary.md")["zh"]
 
 
+def _glossary_block(text):
+    return text.split("```{glossary}")[1].split("```")[0]
+
+
+def _head_lines(text):
+    """The term lines (heads) of a glossary page: the block's lines that are not indented definitions."""
+    return [line for line in _glossary_block(text).splitlines() if line.strip() and not line.startswith(" ")]
+
+
 def _glossary(text=None):
     """``{head: [its Chinese names]}`` from the term lines of book/glossary.md, or of the glossary page ``text``."""
     text = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8") if text is None else text
-    block = text.split("```{glossary}")[1].split("```")[0]
     terms = {}
-    for head in (line for line in block.splitlines() if line and not line.startswith(" ")):
+    for head in _head_lines(text):
         m = re.search(r"\((.*)\)\s*$", head)
         names = re.findall(r"[\u4e00-\u9fff][\u4e00-\u9fff·]*", m.group(1)) if m else []
         if names:
@@ -306,8 +314,7 @@ def _term_targets(text):
 
 
 def _heads(text):
-    block = text.split("```{glossary}")[1].split("```")[0]
-    return {line.strip().lower() for line in block.splitlines() if line.strip() and not line.startswith(" ")}
+    return {line.strip().lower() for line in _head_lines(text)}
 
 
 def _translated_texts():
@@ -358,9 +365,8 @@ _ARTICLE_WORDS = {
 
 def _entries(text):
     """``{English name of each head: the whole entry (its heads and definition)}`` of a glossary page."""
-    block = text.split("```{glossary}")[1].split("```")[0]
     entries = {}
-    for entry in re.split(r"\n\s*\n", block):
+    for entry in re.split(r"\n\s*\n", _glossary_block(text)):
         for head in (line for line in entry.splitlines() if line.strip() and not line.startswith(" ")):
             entries[head.split(" (")[0].strip()] = entry
     return entries

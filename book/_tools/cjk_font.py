@@ -158,7 +158,8 @@ def main() -> int:
         return 1
     chars = characters()
     chosen, rules, left = [], [], set(chars)
-    for name, spec in faces((PACKAGE / "400.css").read_text(encoding="utf-8")):
+    every = faces((PACKAGE / "400.css").read_text(encoding="utf-8"))
+    for name, spec in every:
         hit = covered(parse_ranges(spec), chars)
         if hit:
             chosen.append(name)
@@ -177,7 +178,7 @@ def main() -> int:
             f"   the {len(chosen)} slices that hold the book's {len(chars)} CJK characters: book/_tools/cjk_font.py */\n")
     (OUT / CSS).write_text(head + "\n".join(rules), encoding="utf-8")
     size = sum((OUT / n).stat().st_size for n in chosen) / 2**20
-    print(f"cjk font: {len(chars)} characters in {len(chosen)} of {len(faces((PACKAGE / '400.css').read_text()))} "
+    print(f"cjk font: {len(chars)} characters in {len(chosen)} of {len(every)} "
           f"slices, {size:.1f} MiB, into {OUT.relative_to(ROOT)}"
           + (f"; {len(left)} character(s) no slice holds: {''.join(sorted(left))}" if left else ""))
     return 0

@@ -129,6 +129,11 @@ def code_tokens(source: str) -> list[tuple[int, str]]:
     return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip]
 
 
+def _entry(data: dict, cell_id: str) -> dict | None:
+    """One cell's translation in a translation file's data: its prose (``cells``) or its comments (``code``)."""
+    return data.get("cells", {}).get(cell_id) or data.get("code", {}).get(cell_id)
+
+
 def is_fresh(entry: dict | None, english: str) -> bool:
     """Whether a translation was made from this English (the one rule for staleness)."""
     return entry is not None and "zh" in entry and entry.get("en") == english
@@ -383,16 +388,15 @@ def zh_notebook(src: Path, figures: dict[str, str] | None = None):
         else:
             cell.source = with_notice(cell.source, "missing" if entry is None else "stale")
             fallback.append(f"{src.name} cell {cell.id}")
-    for cell in out.cells:
+    for cell in (c for c in out.cells if c.cell_type == "code"):
         # a code cell whose comments are translated (the same tokens): shown with the Chinese comments
-        entry = code.get(cell.id) if cell.cell_type == "code" else None
+        entry = code.get(cell.id)
         if entry is not None:
             if is_fresh(entry, cell.source) and code_tokens(entry["zh"]) == code_tokens(cell.source):
                 cell.source = entry["zh"]
             else:
                 fallback.append(f"{src.name} code cell {cell.id} (comments in English)")
-    for cell in out.cells:
-        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+        for o in cell.get("outputs", []):
             if SVG in o.get("data", {}):
                 o["data"][SVG] = translate_svg(o["data"][SVG], figures)
     out.metadata["language_info"] = nb.metadata.get("language_info", {})
@@ -487,7 +491,7 @@ def show_stale() -> int:
         tr = _translation(src)
         if cell_id:
             now = next(c for c in nbformat.read(src, as_version=4).cells if c.id == cell_id).source
-            entry = tr.get("cells", {}).get(cell_id) or tr.get("code", {}).get(cell_id)
+            entry = _entry(tr, cell_id)
         else:
             now, entry = src.read_text(encoding="utf-8"), (tr if "zh" in tr else None)
         if entry is None:
@@ -510,7 +514,7 @@ def _committed_chinese(path: Path, cell_id: str | None) -> str | None:
     except (ValueError, OSError, subprocess.CalledProcessError):
         return None
     data = json.loads(text)
-    entry = (data.get("cells", {}).get(cell_id) or data.get("code", {}).get(cell_id)) if cell_id else data
+    entry = _entry(data, cell_id) if cell_id else data
     return entry.get("zh") if entry else None
 
 
@@ -541,7 +545,6 @@ def mark_fresh(file: str, cell_ids: list[str], same_translation: bool = False) -
             raise SystemExit(f"{where}: its English changed but its Chinese is as committed; update the "
                              "translation (`stale` shows what changed), or pass --same-translation if the "
                              "change needs none")
-        entry.pop("en_sha256", None)
         entry["en"] = now
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     return 0
