@@ -14,10 +14,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := --quiet --disable-pip-version-check --no-input
 NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
-# MathJax is served from the build itself (no CDN): installed from npm, trimmed, and
-# copied into the HTML output through html_extra_path (see _config.yml).
+# What the book serves itself (no CDN) comes from npm (package.json, package-lock.json), installed once:
+# MathJax, trimmed, and Pyodide, the Python the live cells run in the browser (book/_ext/live_cells.py);
+# both are copied into _assets/, which lands at the root of the HTML output (html_extra_path, _config.yml).
+NPM_STAMP := node_modules/.installed
 MATHJAX := _assets/mathjax/tex-mml-chtml.js
 MATHJAX_SRC := node_modules/mathjax/es5
+PYODIDE := _assets/pyodide/pyodide.mjs
+# the loader, the interpreter, the standard library and the package list Pyodide reads when it starts
+PYODIDE_FILES := pyodide.mjs pyodide.asm.mjs pyodide.asm.wasm python_stdlib.zip pyodide-lock.json
 # The cell timeout catches a hung cell, not a slow machine: chapter 05b's longest cell takes
 # 26 s alone on a 2-core Xeon and more than 120 s while make test's phases share the cores.
 NBVAL := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
@@ -50,22 +55,27 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-$(MATHJAX_SRC)/tex-mml-chtml.js: package.json package-lock.json
+$(NPM_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-$(MATHJAX): $(MATHJAX_SRC)/tex-mml-chtml.js
+$(MATHJAX): $(NPM_STAMP)
 	rm -rf _assets/mathjax
 	mkdir -p _assets/mathjax/output/chtml/fonts _assets/mathjax/input/tex
 	cp $(MATHJAX_SRC)/tex-mml-chtml.js _assets/mathjax/
 	cp -r $(MATHJAX_SRC)/output/chtml/fonts/woff-v2 _assets/mathjax/output/chtml/fonts/
 	cp -r $(MATHJAX_SRC)/input/tex/extensions _assets/mathjax/input/tex/
 
+$(PYODIDE): $(NPM_STAMP)
+	rm -rf _assets/pyodide
+	mkdir -p _assets/pyodide
+	cp $(addprefix node_modules/pyodide/,$(PYODIDE_FILES)) _assets/pyodide/
+
 # Both editions: the English book into _build/html, then the Chinese edition
 # (the same chapters with translated prose, book/zh/) into _build/html/zh.
 # The Chinese font the book serves (Noto Sans SC from npm, the slices holding the characters the
 # pages use): book/_tools/cjk_font.py writes _assets/cjk/ before each build (a second or two).
-book: $(STAMP) $(MATHJAX)
+book: $(STAMP) $(MATHJAX) $(PYODIDE)
 	$(BIN)/python book/_tools/cjk_font.py
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going
 	$(BIN)/python book/_tools/zh_edition.py build
