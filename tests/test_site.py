@@ -532,3 +532,204 @@ def test_notebook_pages_offer_download_and_launch_buttons(site):
         if REPOSITORY.startswith("https://github.com/"):
             colab = f"https://colab.research.google.com/github/{owner}/{repo}/blob/{BRANCH}/book/{name}.ipynb"
             assert colab in launch, launch
+
+
+# The live cells (book/_ext/live_cells.py): code cells tagged `live`, run in the page by the book's own Pyodide.
+# A worker and WebAssembly from file:// are refused by browsers, so these pages are served over HTTP here, from
+# 127.0.0.1 on a free port, as a reader's web server would serve them; the server records every path it serves.
+# The worker's own requests do not reach the page's network log, so this browser sends every request for
+# another host to a second local server, a proxy that records what was asked and answers none of it.
+# Chromium asks a few hosts of its own (sign-in, its clock, its updater, its optimization hints) whatever it
+# loads: seen through that proxy over 25 s with the book's index page from disk (Chromium 156), they are not
+# the book's and are left out.
+BROWSER_SERVICES = ("accounts.google.com", "clients2.google.com", "update.googleapis.com",
+                    "optimizationguide-pa.googleapis.com")
+
+LIVE_PAGES = [p for p in PAGES if "tag_live" in (ROOT / p).read_text(encoding="utf-8")] if PAGES else []
+
+
+def _stored_live_outputs(page):
+    soup = BeautifulSoup((ROOT / page).read_text(encoding="utf-8"), "html.parser")
+    return [cell.select_one(".cell_output pre").get_text() for cell in soup.select("div.cell.tag_live")]
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    import functools
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    record = SimpleNamespace(paths=[], all_paths=set(), outside=[])
+
+    class Book(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            record.paths.append(self.path)
+            record.all_paths.add(self.path)
+
+    class Trap(http.server.BaseHTTPRequestHandler):
+        def handle_one_request(self):  # any method, CONNECT included: recorded, refused
+            self.raw_requestline = self.rfile.readline(65537)
+            if self.raw_requestline and self.parse_request():
+                host = urlsplit(self.path if "://" in self.path else "//" + self.path).hostname
+                if host not in BROWSER_SERVICES:
+                    record.outside.append(self.requestline)
+                self.send_error(502, "the book's tests allow no request outside the build")
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Book, directory=str(ROOT))),
+               http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trap)]
+    threads = [threading.Thread(target=srv.serve_forever, daemon=True) for srv in servers]
+    for t in threads:
+        t.start()
+    record.url = f"http://127.0.0.1:{servers[0].server_address[1]}/"
+    record.proxy = f"http://127.0.0.1:{servers[1].server_address[1]}"
+    try:
+        yield record
+    finally:
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
+        for t in threads:
+            t.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def live_driver(driver, served):
+    """A Chromium whose requests for any host but this one go to the recording proxy."""
+    d = _chrome(None, f"--proxy-server={served.proxy}")
+    yield d
+    d.quit()
+
+
+_LIVE_STATE = """
+    const cell = document.querySelectorAll("div.cell.tag_live")[arguments[0]];
+    const out = cell.querySelector(".cell_output pre");
+    const msg = cell.querySelector(".live-message");
+    return {busy: cell.querySelector(".live-run").disabled, output: out ? out.textContent : null,
+            live: !!cell.querySelector(".cell_output.live-output"), failed: !!cell.querySelector(".live-failed"),
+            message: msg ? msg.textContent : null, status: cell.querySelector(".live-status").textContent};"""
+
+
+def _press(driver, index, button="live-run", timeout=120):
+    """Press a live cell's button and wait until the run it started has ended; the cell's state."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.execute_script(f"document.querySelectorAll('div.cell.tag_live')[arguments[0]].querySelector('.{button}')"
+                          ".click()", index)
+    WebDriverWait(driver, timeout).until(lambda d: not d.execute_script(_LIVE_STATE, index)["busy"])
+    return driver.execute_script(_LIVE_STATE, index)
+
+
+def _set_code(driver, index, code):
+    driver.execute_script("document.querySelectorAll('div.cell.tag_live')[arguments[0]]"
+                          ".querySelector('.cell_input pre').textContent = arguments[1];", index, code)
+
+
+def test_every_chapter_named_has_live_cells_in_both_editions(site):
+    for chapter in ("01_layer_norm", "03_layer_norm_vs_batch_norm", "05_normalization_families", "06_attention_by_hand"):
+        for edition in ("", "zh/"):
+            assert f"{edition}book/{chapter}.html" in LIVE_PAGES, f"{edition}{chapter}: no live cell"
+    package = Path(__file__).resolve().parents[1] / "normlib"
+    for edition in (ROOT, ROOT / "zh"):
+        assert (edition / "pyodide" / "pyodide.asm.wasm").is_file(), f"{edition}: no Pyodide (make book copies it)"
+        shipped = edition / "_static" / "live" / "normlib"
+        names = json.loads((shipped / "files.json").read_text(encoding="utf-8"))
+        assert "pure.py" in names, names
+        for name in names:
+            assert (shipped / name).read_text(encoding="utf-8") == (package / name).read_text(encoding="utf-8"), name
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_only_pages_with_live_cells_load_their_script(site, page):
+    html = (ROOT / page).read_text(encoding="utf-8")
+    assert ("live-cells.js" in html) == (page in LIVE_PAGES), page
+    assert "pyodide/" not in html and "live-worker" not in html, f"{page} names the interpreter's files before a Run"
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("page", LIVE_PAGES)
+def test_live_cells_run_in_the_page_and_print_what_the_notebook_stored(live_driver, served, page):
+    """Chromium presses Run on every live cell: the output that appears is the one nbval checks in the notebook.
+    Nothing of the interpreter is fetched before the first Run; then it comes from the build, and no request
+    leaves it; no console errors."""
+    driver = live_driver
+    served.paths.clear()
+    served.outside.clear()
+    _load(driver, served.url + page)
+    assert not [p for p in served.paths if "pyodide" in p or "live-worker" in p], "the interpreter loaded before a Run"
+    expected = _stored_live_outputs(page)
+    assert expected and len(expected) == driver.execute_script(
+        "return document.querySelectorAll('div.cell.tag_live').length")
+    for i, stored in enumerate(expected):
+        state = _press(driver, i)
+        assert state["message"] is None and not state["failed"], f"{page} live cell {i}: {state}"
+        assert state["live"] and state["output"] == stored, f"{page} live cell {i}:\n{state['output']}\n!=\n{stored}"
+    # from the build (this page's fetch, or an earlier page's of the same edition, which the browser cached)
+    edition = "zh/" if page.startswith("zh/") else ""
+    assert {f"/{edition}pyodide/pyodide.asm.wasm", f"/{edition}_static/live/normlib/pure.py"} <= served.all_paths
+    assert not served.outside, f"{page}: requests outside the build: {served.outside[:5]}"
+    # (a browser asks a web server for /favicon.ico on its own; the book has none)
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "/favicon.ico " not in e["message"]]
+    assert not errors, f"{page} console errors: {errors[:3]}"
+    if page == "book/06_attention_by_hand.html" and SHOTS:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.execute_script("document.querySelector('div.cell.tag_live').scrollIntoView()")
+        driver.save_screenshot(str(SHOTS / "live-cell-after-run.png"))
+
+
+@pytest.mark.browser
+def test_a_live_cell_shows_a_broken_input_as_python_does_and_can_be_stopped_and_reset(live_driver, served):
+    import time
+
+    driver, page = live_driver, "book/01_layer_norm.html"
+    _load(driver, served.url + page)
+    stored = _stored_live_outputs(page)[0]
+    _set_code(driver, 0, "from normlib import pure\n\nprint('before')\npure.layer_norm([[1.0, 2.0], [3.0]])\n")
+    state = _press(driver, 0)
+    out = state["output"]
+    assert state["failed"] and out.startswith("before\nTraceback (most recent call last):\n"), state
+    assert 'File "<cell>", line 4, in <module>' in out and "pure.layer_norm([[1.0, 2.0], [3.0]])" in out, out
+    assert out.rstrip().endswith("normlib.errors.NormValueError: x is not rectangular: x[0] has shape (2,), "
+                                 "x[1] has (1,)"), out
+    _set_code(driver, 0, "print(1 +)")
+    state = _press(driver, 0)
+    assert state["failed"] and 'File "<cell>", line 1' in state["output"], state
+    assert state["output"].rstrip().splitlines()[-1].startswith("SyntaxError: "), state
+    # a run that does not end: Stop ends the worker, and the next Run starts Python afresh
+    _set_code(driver, 0, "while True:\n    pass")
+    driver.execute_script("document.querySelector('div.cell.tag_live .live-run').click()")
+    time.sleep(1)
+    assert driver.execute_script(_LIVE_STATE, 0)["busy"]
+    state = _press(driver, 0, "live-stop")
+    assert state["status"] == "Stopped. Run again to start Python afresh.", state
+    _press(driver, 0, "live-reset")
+    state = _press(driver, 0)
+    assert state["output"] == stored and not state["failed"], state
+    assert not served.outside, served.outside
+
+
+@pytest.mark.browser
+def test_a_live_cell_says_why_it_cannot_run_from_a_file(driver):
+    _load(driver, _page_url("zh/book/01_layer_norm.html"))
+    state = _press(driver, 0)
+    assert state["message"] and "http.server" in state["message"] and "file://" in state["message"], state
+    assert not state["live"], state
+
+
+@pytest.mark.browser
+def test_a_live_cell_says_so_where_webassembly_is_unavailable(live_driver, served):
+    """A browser without WebAssembly (some locked-down ones turn it off): the cell says so and keeps its output."""
+    driver, page = live_driver, "book/03_layer_norm_vs_batch_norm.html"
+    script = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": "delete globalThis.WebAssembly;"})
+    try:
+        _load(driver, served.url + page)
+        assert driver.execute_script("return typeof WebAssembly") == "undefined"
+        state = _press(driver, 0)
+    finally:
+        driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
+    assert state["message"] and "WebAssembly" in state["message"], state
+    assert state["output"] == _stored_live_outputs(page)[0] and not state["live"], state
