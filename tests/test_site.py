@@ -560,9 +560,15 @@ def served(site):
     import threading
     from types import SimpleNamespace
 
-    record = SimpleNamespace(paths=[], all_paths=set(), outside=[])
+    record = SimpleNamespace(paths=[], all_paths=set(), outside=[], refuse=set())
 
     class Book(http.server.SimpleHTTPRequestHandler):
+        def send_head(self):  # a path a test refuses is missing, as on a host that lacks the file
+            if self.path in record.refuse:
+                self.send_error(404, "refused by the test")
+                return None
+            return super().send_head()
+
         def log_message(self, *args):
             record.paths.append(self.path)
             record.all_paths.add(self.path)
@@ -609,8 +615,10 @@ _LIVE_STATE = """
     const cell = document.querySelectorAll("div.cell.tag_live")[arguments[0]];
     const out = cell.querySelector(".cell_output pre");
     const msg = cell.querySelector(".live-message");
+    const tb = cell.querySelector(".live-traceback");
     return {busy: cell.querySelector(".live-run").disabled, output: out ? out.textContent : null,
             live: !!cell.querySelector(".cell_output.live-output"), failed: !!cell.querySelector(".live-failed"),
+            traceback: tb ? tb.textContent : null, stale: !!cell.querySelector(".cell_output.live-stale"),
             message: msg ? msg.textContent : null, status: cell.querySelector(".live-status").textContent};"""
 
 
@@ -692,6 +700,7 @@ def test_a_live_cell_shows_a_broken_input_as_python_does_and_can_be_stopped_and_
     state = _press(driver, 0)
     out = state["output"]
     assert state["failed"] and out.startswith("before\nTraceback (most recent call last):\n"), state
+    assert state["traceback"] == out.removeprefix("before\n"), state  # set apart (in red) from what was printed
     assert 'File "<cell>", line 4, in <module>' in out and "pure.layer_norm([[1.0, 2.0], [3.0]])" in out, out
     assert out.rstrip().endswith("normlib.errors.NormValueError: x is not rectangular: x[0] has shape (2,), "
                                  "x[1] has (1,)"), out
@@ -703,7 +712,8 @@ def test_a_live_cell_shows_a_broken_input_as_python_does_and_can_be_stopped_and_
     _set_code(driver, 0, "while True:\n    pass")
     driver.execute_script("document.querySelector('div.cell.tag_live .live-run').click()")
     time.sleep(1)
-    assert driver.execute_script(_LIVE_STATE, 0)["busy"]
+    state = driver.execute_script(_LIVE_STATE, 0)
+    assert state["busy"] and state["stale"] and state["status"] == "Running…", state
     state = _press(driver, 0, "live-stop")
     assert state["status"] == "Stopped. Run again to start Python afresh.", state
     _press(driver, 0, "live-reset")
@@ -733,3 +743,25 @@ def test_a_live_cell_says_so_where_webassembly_is_unavailable(live_driver, serve
         driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
     assert state["message"] and "WebAssembly" in state["message"], state
     assert state["output"] == _stored_live_outputs(page)[0] and not state["live"], state
+
+
+@pytest.mark.browser
+def test_a_live_cell_says_when_python_cannot_start_and_starts_once_it_can(driver, served, tmp_path):
+    """A host that does not serve the interpreter: the Run says Python could not be started and keeps the stored
+    output; once the file is there, the next Run starts it (a fresh browser, whose cache holds nothing)."""
+    fresh = _chrome(None, f"--proxy-server={served.proxy}", f"--user-data-dir={tmp_path / 'profile'}")
+    page = "zh/book/05_normalization_families.html"
+    try:
+        served.refuse.add("/zh/pyodide/pyodide.asm.wasm")
+        _load(fresh, served.url + page)
+        state = _press(fresh, 0)
+        assert state["message"] and state["message"].startswith("Python 无法启动："), state
+        assert state["status"] == "Python 未能启动", state
+        assert state["output"] == _stored_live_outputs(page)[0] and not state["live"], state
+        served.refuse.clear()
+        state = _press(fresh, 0)
+        assert state["live"] and state["output"] == _stored_live_outputs(page)[0] and not state["failed"], state
+        assert state["message"] is None, state
+    finally:
+        served.refuse.clear()
+        fresh.quit()
