@@ -176,8 +176,8 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
 
     def one_row(row):
         mu = mean(row)  # the mean of the row
-        var = variance(row)  # its biased variance
-        xhat = [(v - mu) / math.sqrt(var + eps) for v in row]  # standardized
+        std = math.sqrt(variance(row) + eps)  # from its biased variance
+        xhat = [(v - mu) / std for v in row]  # standardized
         return _affine(xhat, gamma, beta)
 
     return _map_rows(one_row, x)
@@ -359,9 +359,9 @@ def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
         for k in range(num_groups):
             group = range(k * per, (k + 1) * per)
             vals = [v for c in group for v in _flat(sample[c])]
-            mu, var = mean(vals), variance(vals)
+            mu, std = mean(vals), math.sqrt(variance(vals) + eps)
             for c in group:
-                channels.append(_like(sample[c], [g[c] * ((v - mu) / math.sqrt(var + eps)) + b[c]
+                channels.append(_like(sample[c], [g[c] * ((v - mu) / std) + b[c]
                                                   for v in _flat(sample[c])]))
         out.append(channels)
     return out
